@@ -1,0 +1,45 @@
+"""Recovery actions: a state machine with an idempotency key, who asked, and a result.
+
+pending → dispatched → acked → succeeded | failed | cancelled | expired
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import Base, UTCDateTime, utcnow
+
+ACTION_KINDS = (
+    "restart",
+    "evict_rank",
+    "checkpoint_now",
+    "dump_stacks",
+    "rollback",
+    "apply_swap_policy",
+    "exit_for_restart",
+)
+ACTION_STATES = ("pending", "dispatched", "acked", "succeeded", "failed", "cancelled", "expired")
+
+
+class Action(Base):
+    __tablename__ = "actions"
+    __table_args__ = (Index("ix_actions_job_state", "job_id", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id", ondelete="SET NULL"))
+    kind: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
+    requested_by: Mapped[str] = mapped_column(String(128))
+    target_ranks: Mapped[list[int] | None] = mapped_column(JSON)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

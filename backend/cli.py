@@ -1,0 +1,234 @@
+"""The ``vigil`` command.
+
+vigil server                      # API (embedded: SQLite, migrates itself)
+vigil migrate                     # upgrade the database to the latest schema
+vigil token create -s read -n ci  # prints a new token once
+vigil jobs                        # jobs known to a running server
+vigil demo --fast                 # start embedded, replay a real job, print what to look at
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+try:
+    import typer
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:  # the collector-only install has no server dependencies
+    typer = None  # type: ignore[assignment]
+
+if typer is None:
+
+    def main() -> None:
+        sys.stderr.write(
+            "vigil: the command needs the server dependencies: pip install 'vigil[server]'\n"
+        )
+        raise SystemExit(2)
+
+else:
+    app = typer.Typer(
+        help="Vigil: find stragglers, hangs and crashes in PyTorch jobs.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
+    app.add_typer(token_app, name="token")
+    console = Console()
+    err = Console(stderr=True)
+
+    def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+        from backend.settings import SettingsError, load_settings
+
+        try:
+            return load_settings(**overrides)
+        except SettingsError as exc:
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+
+    def _ensure_schema(url: str, migrate: bool) -> None:
+        from sqlalchemy.exc import OperationalError
+
+        from backend.db import make_engine
+        from backend.migrate import current_revision, head_revision, upgrade
+
+        if migrate:
+            upgrade(url)
+            return
+        engine = make_engine(url)
+        try:
+            current = current_revision(engine)
+        except OperationalError as exc:
+            err.print(f"[red]cannot reach the database {engine.url!r}: {exc.orig}[/red]")
+            raise typer.Exit(1) from None
+        finally:
+            engine.dispose()
+        if current != head_revision():
+            err.print(
+                f"[red]database schema is at {current or 'nothing'}, this Vigil needs "
+                f"{head_revision()}: run `vigil migrate` first[/red]"
+            )
+            raise typer.Exit(1)
+
+    @app.command()
+    def server(
+        host: Annotated[str | None, typer.Option(help="Listen address [VIGIL_HOST]")] = None,
+        port: Annotated[int | None, typer.Option(help="Listen port [VIGIL_PORT]")] = None,
+        migrate: Annotated[
+            bool | None,
+            typer.Option(help="Upgrade the schema first (default: yes on SQLite, no otherwise)"),
+        ] = None,
+    ) -> None:
+        """Run the API server (and, in embedded mode, everything else in-process)."""
+        import uvicorn
+
+        from backend.api import create_app
+
+        settings = _settings()
+        _ensure_schema(settings.database_url, settings.is_sqlite if migrate is None else migrate)
+        mode = "embedded" if settings.embedded else "distributed"
+        console.print(f"Vigil {mode} on http://{host or settings.host}:{port or settings.port}")
+        uvicorn.run(
+            create_app(settings),
+            host=host or settings.host,
+            port=port or settings.port,
+            log_level=settings.log_level.lower(),
+        )
+
+    @app.command("migrate")
+    def migrate_cmd() -> None:
+        """Upgrade the database at VIGIL_DATABASE_URL to the latest schema."""
+        from backend.migrate import head_revision, upgrade
+
+        settings = _settings()
+        upgrade(settings.database_url)
+        console.print(f"database at revision {head_revision()}")
+
+    @token_app.command("create")
+    def token_create(
+        scope: Annotated[
+            list[str], typer.Option("--scope", "-s", help="ingest, read or admin; repeatable")
+        ],
+        name: Annotated[str, typer.Option("--name", "-n", help="Who or what uses it")] = "token",
+    ) -> None:
+        """Create a token. It is printed once; only its hash is stored."""
+        from backend.auth.service import create_token
+        from backend.db import make_engine, make_sessionmaker, session_scope
+
+        settings = _settings()
+        engine = make_engine(settings.database_url)
+        try:
+            with session_scope(make_sessionmaker(engine)) as session:
+                row, secret = create_token(session=session, name=name, scopes=scope)
+                scopes, token_id = row.scopes, row.id
+        except ValueError as exc:
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+        finally:
+            engine.dispose()
+        err.print(
+            f"token {token_id} ({name}, scopes: {scopes}); store it now, it is not shown again:"
+        )
+        print(secret)
+
+    @token_app.command("list")
+    def token_list() -> None:
+        """List tokens (never their secrets)."""
+        from backend.auth.service import list_tokens
+        from backend.db import make_engine, make_sessionmaker, session_scope
+
+        engine = make_engine(_settings().database_url)
+        table = Table("id", "name", "prefix", "scopes", "created", "last used", "revoked")
+        with session_scope(make_sessionmaker(engine)) as session:
+            for t in list_tokens(session=session):
+                table.add_row(
+                    str(t.id),
+                    t.name,
+                    t.prefix + "…",
+                    t.scopes,
+                    f"{t.created_at:%Y-%m-%d %H:%M}",
+                    f"{t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "—",
+                    f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "",
+                )
+        engine.dispose()
+        console.print(table)
+
+    @token_app.command("revoke")
+    def token_revoke(token_id: int) -> None:
+        """Revoke a token by id; servers stop accepting it within VIGIL_TOKEN_CACHE_S."""
+        from backend.auth.service import revoke_token
+        from backend.db import make_engine, make_sessionmaker, session_scope
+
+        engine = make_engine(_settings().database_url)
+        with session_scope(make_sessionmaker(engine)) as session:
+            found = revoke_token(session=session, token_id=token_id) is not None
+        engine.dispose()
+        if not found:
+            err.print(f"[red]no token with id {token_id}[/red]")
+            raise typer.Exit(1)
+        console.print(f"token {token_id} revoked")
+
+    def _endpoint_and_token(endpoint: str | None, token: str | None) -> tuple[str, str]:
+        settings = _settings()
+        endpoint = (
+            endpoint
+            or os.environ.get("VIGIL_ENDPOINT")
+            or f"http://{settings.host}:{settings.port}"
+        )
+        token = token or os.environ.get("VIGIL_TOKEN")
+        if not token:
+            admin = [t for t, scopes in settings.bootstrap_tokens().items() if "read" in scopes]
+            token = admin[0] if admin else ""
+        return endpoint.rstrip("/"), token
+
+    @app.command()
+    def jobs(
+        endpoint: Annotated[str | None, typer.Option(help="Server URL [VIGIL_ENDPOINT]")] = None,
+        token: Annotated[str | None, typer.Option(help="Read token [VIGIL_TOKEN]")] = None,
+    ) -> None:
+        """List the jobs a running server knows."""
+        import httpx
+
+        url, bearer = _endpoint_and_token(endpoint, token)
+        try:
+            reply = httpx.get(
+                f"{url}/api/v1/jobs", headers={"Authorization": f"Bearer {bearer}"}, timeout=10
+            )
+        except httpx.HTTPError as exc:
+            err.print(f"[red]cannot reach {url}: {exc}[/red]")
+            raise typer.Exit(1) from None
+        if reply.status_code != 200:
+            err.print(f"[red]{url} answered {reply.status_code}: {reply.text}[/red]")
+            raise typer.Exit(1)
+        table = Table("job", "kind", "world", "reporting", "last step", "last seen")
+        for j in reply.json():
+            table.add_row(
+                j["name"],
+                j["kind"],
+                str(j["world_size"]),
+                str(j["ranks_reporting"]),
+                "—" if j["last_step"] is None else str(j["last_step"]),
+                (j["last_seen_at"] or "—")[:19],
+            )
+        console.print(table)
+
+    @app.command()
+    def demo(
+        fast: Annotated[
+            bool, typer.Option(help="Exit after the replay instead of serving on")
+        ] = False,
+        port: Annotated[int, typer.Option(help="Port for the demo server")] = 8000,
+        database: Annotated[
+            str, typer.Option(help="Database for the demo")
+        ] = "sqlite:///./var/demo.db",
+    ) -> None:
+        """Start Vigil embedded and replay a real training job into it."""
+        from backend.demo import run_demo
+
+        raise typer.Exit(run_demo(console=console, port=port, database_url=database, fast=fast))
+
+    def main() -> None:
+        app()

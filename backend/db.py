@@ -1,0 +1,146 @@
+"""Database plumbing shared by every domain: the declarative base, engines and sessions.
+
+Services receive a ``Session`` and only ``flush()``; whoever opened the session (the
+request dependency, a task wrapper, the CLI) commits or rolls back, so work that spans
+services is one transaction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Double, Engine, Integer, MetaData, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+# Autoincrementing 64-bit keys; SQLite only autoincrements a column typed INTEGER.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> Any:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime: pass an aware one (backend.db.utcnow())")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class NonFiniteFloat(TypeDecorator[float]):
+    """A double that keeps NaN and ±Inf on every backend.
+
+    PostgreSQL stores them natively; SQLite turns NaN into NULL, which would hide the
+    very NaN loss a detector looks for, so there it is stored as the text ``'NaN'``.
+    """
+
+    impl = Double
+    cache_ok = True
+
+    def bind_processor(self, dialect: Any) -> Any:
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+
+        # Replaces (not wraps) the float coercion SQLite's Double applies, which would
+        # turn the text back into a NaN float and so into NULL.
+        def process(value: Any) -> Any:
+            if isinstance(value, float) and math.isnan(value):
+                return "NaN"
+            return value
+
+        return process
+
+    def process_result_value(self, value: Any, dialect: Any) -> float | None:
+        if value is None:
+            return None
+        return float(value)  # float("NaN") parses the SQLite text form
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+    """Create an engine with the settings each backend needs for concurrent ingest."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=10,
+        pool_pre_ping=True,
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not pysqlite, decide when transactions begin (savepoints
+        # and rollbacks then behave as on PostgreSQL).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on any error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def insert_for(session: Session, table: Any) -> Any:
+    """A dialect-specific INSERT that supports ``on_conflict_do_*`` and ``excluded``."""
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        return postgresql.insert(table)
+    if name == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database dialect {name!r}")

@@ -1,0 +1,50 @@
+"""Incidents opened by detectors. Kinds and fields follow DESIGN.md's REST contract."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Double, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import Base, UTCDateTime, utcnow
+
+INCIDENT_KINDS = (
+    "straggler",
+    "hang",
+    "crash",
+    "nan",
+    "loss_spike",
+    "slowdown",
+    "comm_anomaly",
+    "opseq_change",
+    "memory_pressure",
+    "slo_burn",
+)
+SEVERITIES = ("info", "warning", "critical")
+INCIDENT_STATUSES = ("open", "resolved")
+
+
+class Incident(Base):
+    __tablename__ = "incidents"
+    __table_args__ = (
+        Index("ix_incidents_job_status", "job_id", "status"),
+        Index("ix_incidents_fingerprint", "fingerprint"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(16), default="warning")
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    # Stable identity of "the same problem", so a detector re-firing updates, not duplicates.
+    fingerprint: Mapped[str] = mapped_column(String(128))
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    first_step: Mapped[int | None] = mapped_column(BigInteger)
+    score: Mapped[float | None] = mapped_column(Double)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    detected_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,0 +1,199 @@
+"""The ingest contract (DESIGN.md, "Ingest"), as pydantic types.
+
+Events validate into plain dicts (TypedDicts), not model instances, because a batch can
+hold tens of thousands of them and they go straight into bulk INSERTs. Unknown fields are
+ignored, so an older server accepts batches from a newer collector; unknown event types
+are refused, since silently dropping data would be worse.
+
+NaN and ±Inf are allowed only where they are the signal (``loss``, ``grad_norm``, a
+metric's ``value``); everywhere else they are refused with the field named.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, NotRequired
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from typing_extensions import TypedDict
+
+MAX_STEP = 2**53 - 1  # the largest integer a JavaScript client reads back exactly
+MAX_RANKS = 1_000_000
+MAX_NAME = 128
+
+# Finite, non-negative seconds (durations and timestamps).
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+StepNo = Annotated[int, Field(ge=0, le=MAX_STEP)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+# Values where NaN/Inf is meaningful and kept.
+Signal = float
+
+
+class StepEvent(TypedDict):
+    type: Literal["step"]
+    step: StepNo
+    ts: Seconds
+    duration_s: Seconds
+    comm_s: NotRequired[Seconds | None]
+    data_s: NotRequired[Seconds | None]
+    loss: NotRequired[Signal | None]
+    grad_norm: NotRequired[Signal | None]
+    mem_bytes: NotRequired[Count | None]
+    tokens: NotRequired[Count | None]
+    opseq: NotRequired[Annotated[str, Field(max_length=64)] | None]
+
+
+class CollectiveEvent(TypedDict):
+    type: Literal["collective"]
+    group: Name
+    op: Annotated[str, Field(min_length=1, max_length=64)]
+    duration_s: Seconds
+    step: NotRequired[StepNo | None]
+    seq: NotRequired[Count | None]
+    bytes: NotRequired[Count]
+    count: NotRequired[Annotated[int, Field(ge=1, le=2**31 - 1)]]
+
+
+class Inflight(TypedDict):
+    group: Name
+    op: Annotated[str, Field(min_length=1, max_length=64)]
+    since: Seconds
+    seq: NotRequired[Count | None]
+
+
+class HeartbeatEvent(TypedDict):
+    type: Literal["heartbeat"]
+    ts: Seconds
+    step: NotRequired[StepNo | None]
+    inflight: NotRequired[Inflight | None]
+
+
+class OpSeqEvent(TypedDict):
+    type: Literal["opseq"]
+    hash: Annotated[str, Field(min_length=1, max_length=64)]
+    ops: Annotated[list[Any], Field(max_length=200_000)]
+
+
+class RequestEvent(TypedDict):
+    type: Literal["request"]
+    id: Name
+    arrival: Seconds
+    first_token: NotRequired[Seconds | None]
+    end: NotRequired[Seconds | None]
+    prompt_tokens: NotRequired[Annotated[int, Field(ge=0, le=2**31 - 1)] | None]
+    output_tokens: NotRequired[Annotated[int, Field(ge=0, le=2**31 - 1)] | None]
+    max_tbt_s: NotRequired[Seconds | None]
+    status: NotRequired[Annotated[str, Field(min_length=1, max_length=32)]]
+
+
+class MetricEvent(TypedDict):
+    type: Literal["metric"]
+    name: Name
+    value: Signal
+    step: NotRequired[StepNo | None]
+    ts: NotRequired[Seconds | None]
+
+
+class NamedEvent(TypedDict):
+    type: Literal["event"]
+    name: Name
+    step: NotRequired[StepNo | None]
+    ts: NotRequired[Seconds | None]
+    attrs: NotRequired[dict[str, Any]]
+
+
+Event = Annotated[
+    StepEvent
+    | CollectiveEvent
+    | HeartbeatEvent
+    | OpSeqEvent
+    | RequestEvent
+    | MetricEvent
+    | NamedEvent,
+    Field(discriminator="type"),
+]
+EVENT_TYPES = ("step", "collective", "heartbeat", "opseq", "request", "metric", "event")
+
+# Job names appear in URLs, so no '/', and in terminals, so no control characters.
+_JOB_NAME = re.compile(r"^[^/\x00-\x1f\x7f]{1,200}$")
+_BATCH_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class IngestBatch(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    batch_id: str
+    job: str
+    kind: Literal["training", "serving"] = "training"
+    # world_size is declared first so that the rank check can see it.
+    world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
+    rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0
+    host: Annotated[str, Field(max_length=255)] | None = None
+    attempt: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    events: list[Event] = Field(default_factory=list)
+
+    @field_validator("batch_id")
+    @classmethod
+    def _batch_id(cls, value: str) -> str:
+        if not _BATCH_ID.match(value):
+            raise ValueError("must be 1-64 characters of letters, digits, '-', '_', '.', ':'")
+        return value
+
+    @field_validator("job")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        if not value.strip() or not _JOB_NAME.match(value):
+            raise ValueError("must be 1-200 characters, without '/' or control characters")
+        return value
+
+    @field_validator("rank")
+    @classmethod
+    def _rank_in_world(cls, value: int, info: ValidationInfo) -> int:
+        world = info.data.get("world_size")
+        if world is not None and value >= world:
+            raise ValueError(f"rank {value} is out of range for world_size {world}")
+        return value
+
+
+class IngestReply(BaseModel):
+    accepted: int
+    duplicate: bool
+    actions: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def format_loc(loc: tuple[int | str, ...]) -> str:
+    """``('events', 3, 'step', 'duration_s')`` → ``'events[3].duration_s'``.
+
+    The discriminated union puts the event type into the path; it is dropped, since the
+    reader already knows the type from the event itself.
+    """
+    out = ""
+    previous: int | str | None = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(previous, int) and part in EVENT_TYPES and out.startswith("events"):
+            pass
+        else:
+            out += f".{part}" if out else str(part)
+        previous = part
+    return out or "body"
+
+
+def check_request_times(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cross-field checks pydantic cannot express on a TypedDict: request phases in order."""
+    errors: list[dict[str, Any]] = []
+    for i, ev in enumerate(events):
+        if ev["type"] != "request":
+            continue
+        arrival, first, end = ev["arrival"], ev.get("first_token"), ev.get("end")
+        if first is not None and first < arrival:
+            errors.append(_error(f"events[{i}].first_token", "is before arrival"))
+        if end is not None and end < (first if first is not None else arrival):
+            errors.append(_error(f"events[{i}].end", "is before first_token/arrival"))
+    return errors
+
+
+def _error(field: str, msg: str) -> dict[str, Any]:
+    return {"field": field, "msg": msg, "type": "value_error"}

@@ -1,0 +1,243 @@
+"""Store one validated ingest batch: all of it in the caller's transaction, or none.
+
+The hot path writes with Core bulk INSERTs (executemany), never one ORM object per row.
+Idempotency: the batch row is inserted first with ON CONFLICT DO NOTHING; when it already
+exists, the batch is a retry and nothing else is written.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, insert, select, update
+from sqlalchemy.orm import Session
+
+from backend.db import insert_for, utcnow
+from backend.ingest.models import IngestBatch as IngestBatchRow
+from backend.ingest.schemas import IngestBatch
+from backend.jobs.models import Job, Rank
+from backend.telemetry.models import (
+    CollectiveRecord,
+    JobEvent,
+    MetricPoint,
+    OpSequence,
+    ServingRequest,
+    StepRecord,
+)
+
+
+class JobKindConflict(Exception):
+    """The batch names an existing job but disagrees on its kind."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    job_id: int
+    accepted: int
+    duplicate: bool
+    counts: dict[str, int]
+
+
+def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
+    job_id = _ensure_job(session=session, batch=batch)
+    claimed = session.execute(
+        insert_for(session, IngestBatchRow)
+        .values(batch_id=batch.batch_id, job_id=job_id, rank=batch.rank, events=len(batch.events))
+        .on_conflict_do_nothing(index_elements=["batch_id"])
+        .returning(IngestBatchRow.batch_id)
+    ).first()
+    if claimed is None:
+        return IngestResult(job_id, len(batch.events), True, {})
+
+    by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in batch.events:
+        by_type[event["type"]].append(event)  # type: ignore[index]
+
+    base = {"job_id": job_id, "rank": batch.rank}
+    if steps := by_type.get("step"):
+        session.execute(insert(StepRecord), [_step_row(e, base, batch.attempt) for e in steps])
+    if colls := by_type.get("collective"):
+        session.execute(
+            insert(CollectiveRecord), [_collective_row(e, base, batch.attempt) for e in colls]
+        )
+    if opseqs := by_type.get("opseq"):
+        session.execute(
+            insert_for(session, OpSequence).on_conflict_do_nothing(
+                index_elements=["job_id", "hash"]
+            ),
+            [
+                {"job_id": job_id, "hash": e["hash"], "ops": e["ops"], "first_rank": batch.rank}
+                for e in opseqs
+            ],
+        )
+    if requests := by_type.get("request"):
+        session.execute(insert(ServingRequest), [_request_row(e, base) for e in requests])
+    if metrics := by_type.get("metric"):
+        session.execute(
+            insert(MetricPoint),
+            [
+                {
+                    **base,
+                    "name": e["name"],
+                    "value": e["value"],
+                    "step": e.get("step"),
+                    "ts": e.get("ts"),
+                }
+                for e in metrics
+            ],
+        )
+    if named := by_type.get("event"):
+        session.execute(
+            insert(JobEvent),
+            [
+                {
+                    **base,
+                    "name": e["name"],
+                    "step": e.get("step"),
+                    "ts": e.get("ts"),
+                    "attrs": e.get("attrs") or {},
+                }
+                for e in named
+            ],
+        )
+    _update_rank(session=session, batch=batch, job_id=job_id, by_type=by_type)
+    counts = {kind: len(events) for kind, events in by_type.items()}
+    return IngestResult(job_id, len(batch.events), False, counts)
+
+
+def _ensure_job(*, session: Session, batch: IngestBatch) -> int:
+    """Find or create the job. Its row is only written when something about it grows,
+    so concurrent batches from many ranks do not queue on one row lock."""
+    row = session.execute(
+        select(Job.id, Job.kind, Job.world_size, Job.attempt).where(Job.name == batch.job)
+    ).first()
+    if row is None:
+        session.execute(
+            insert_for(session, Job)
+            .values(
+                name=batch.job,
+                kind=batch.kind,
+                world_size=batch.world_size,
+                attempt=batch.attempt,
+                created_at=utcnow(),
+            )
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        row = session.execute(
+            select(Job.id, Job.kind, Job.world_size, Job.attempt).where(Job.name == batch.job)
+        ).one()
+    job_id, kind, world_size, attempt = row
+    if kind != batch.kind:
+        raise JobKindConflict(
+            f"job {batch.job!r} is a {kind} job; this batch says kind={batch.kind!r}"
+        )
+    if batch.world_size != world_size or batch.attempt > attempt:
+        # A restart may change the world size (elastic jobs, evicted ranks).
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(
+                world_size=batch.world_size if batch.attempt >= attempt else world_size,
+                attempt=max(attempt, batch.attempt),
+            )
+        )
+    return int(job_id)
+
+
+def _update_rank(
+    *, session: Session, batch: IngestBatch, job_id: int, by_type: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Upsert the rank's latest state; newer timestamps win, so a late batch never
+    overwrites fresher state."""
+    values: dict[str, Any] = {
+        "job_id": job_id,
+        "rank": batch.rank,
+        "host": batch.host,
+        "attempt": batch.attempt,
+        "last_seen_at": utcnow(),
+        "last_step": None,
+        "last_step_ts": None,
+        "current_step": None,
+        "last_heartbeat_ts": None,
+        "inflight": None,
+    }
+    if steps := by_type.get("step"):
+        latest = max(steps, key=lambda e: e["ts"])
+        values["last_step"], values["last_step_ts"] = latest["step"], latest["ts"]
+    if beats := by_type.get("heartbeat"):
+        latest = max(beats, key=lambda e: e["ts"])
+        values["last_heartbeat_ts"] = latest["ts"]
+        values["current_step"] = latest.get("step")
+        values["inflight"] = latest.get("inflight")
+
+    stmt = insert_for(session, Rank).values(**values)
+    new, cur = stmt.excluded, Rank.__table__.c
+    newer_step = (new.last_step_ts.is_not(None)) & (
+        cur.last_step_ts.is_(None) | (new.last_step_ts >= cur.last_step_ts)
+    )
+    newer_beat = (new.last_heartbeat_ts.is_not(None)) & (
+        cur.last_heartbeat_ts.is_(None) | (new.last_heartbeat_ts >= cur.last_heartbeat_ts)
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["job_id", "rank"],
+        set_={
+            "host": new.host,
+            "attempt": new.attempt,
+            "last_seen_at": new.last_seen_at,
+            "last_step": case((newer_step, new.last_step), else_=cur.last_step),
+            "last_step_ts": case((newer_step, new.last_step_ts), else_=cur.last_step_ts),
+            "current_step": case((newer_beat, new.current_step), else_=cur.current_step),
+            "inflight": case((newer_beat, new.inflight), else_=cur.inflight),
+            "last_heartbeat_ts": case(
+                (newer_beat, new.last_heartbeat_ts), else_=cur.last_heartbeat_ts
+            ),
+        },
+    )
+    session.execute(stmt)
+
+
+def _step_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> dict[str, Any]:
+    return {
+        **base,
+        "attempt": attempt,
+        "step": e["step"],
+        "ts": e["ts"],
+        "duration_s": e["duration_s"],
+        "comm_s": e.get("comm_s"),
+        "data_s": e.get("data_s"),
+        "loss": e.get("loss"),
+        "grad_norm": e.get("grad_norm"),
+        "mem_bytes": e.get("mem_bytes"),
+        "tokens": e.get("tokens"),
+        "opseq": e.get("opseq"),
+    }
+
+
+def _collective_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> dict[str, Any]:
+    return {
+        **base,
+        "attempt": attempt,
+        "step": e.get("step"),
+        "group": e["group"],
+        "op": e["op"],
+        "seq": e.get("seq"),
+        "bytes": e.get("bytes", 0),
+        "duration_s": e["duration_s"],
+        "count": e.get("count", 1),
+    }
+
+
+def _request_row(e: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **base,
+        "request_id": e["id"],
+        "arrival": e["arrival"],
+        "first_token": e.get("first_token"),
+        "end": e.get("end"),
+        "prompt_tokens": e.get("prompt_tokens"),
+        "output_tokens": e.get("output_tokens"),
+        "max_tbt_s": e.get("max_tbt_s"),
+        "status": e.get("status", "ok"),
+    }

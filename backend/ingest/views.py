@@ -1,0 +1,169 @@
+"""``POST /api/v1/ingest``: the one endpoint collectors talk to."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
+from starlette.concurrency import run_in_threadpool
+
+from backend.auth.deps import require_scope
+from backend.db import session_scope
+from backend.ingest.schemas import IngestBatch, IngestReply, check_request_times, format_loc
+from backend.ingest.service import JobKindConflict, ingest_batch
+from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
+from backend.settings import Settings
+
+router = APIRouter(tags=["ingest"])
+
+
+class IngestGate:
+    """Admission control: at most ``limit`` batches in flight per process; the rest get 429.
+
+    Rejecting early is kinder than queueing: collectors keep their buffer and retry
+    after ``Retry-After``, while a queue here would only grow latency and memory.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._inflight = 0
+        self._lock = threading.Lock()
+
+    def try_enter(self) -> bool:
+        with self._lock:
+            if self._inflight >= self.limit:
+                return False
+            self._inflight += 1
+            return True
+
+    def leave(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+
+
+def _throttled(settings: Settings, why: str) -> JSONResponse:
+    INGEST_BATCHES.labels("throttled").inc()
+    return JSONResponse(
+        {"detail": f"server saturated ({why}); retry later"},
+        status_code=429,
+        headers={"Retry-After": str(settings.retry_after_s)},
+    )
+
+
+@router.post(
+    "/api/v1/ingest",
+    response_model=IngestReply,
+    responses={
+        400: {"description": "Body is not valid JSON or gzip"},
+        401: {"description": "Missing or invalid token"},
+        409: {"description": "Batch conflicts with the stored job"},
+        413: {"description": "Body too large"},
+        415: {"description": "Unsupported content type or encoding"},
+        422: {"description": "A field is invalid; `detail[].field` names it"},
+        429: {"description": "Server saturated; honour Retry-After"},
+    },
+)
+async def ingest(request: Request, _: Any = Depends(require_scope("ingest"))) -> Any:
+    """Store a batch of events from one rank. Idempotent on ``batch_id``; gzip allowed."""
+    settings: Settings = request.app.state.settings
+    gate: IngestGate = request.app.state.ingest_gate
+    if not gate.try_enter():
+        return _throttled(settings, f"{gate.limit} batches in flight")
+    try:
+        body = await _read_body(request, settings.max_body_bytes)
+        return await run_in_threadpool(_store, request, body)
+    finally:
+        gate.leave()
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if ctype not in ("application/json", ""):
+        raise HTTPException(415, f"content-type must be application/json, not {ctype!r}")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes exceeds the {limit}-byte limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding == "gzip":
+        return _gunzip(body, limit)
+    if encoding not in ("identity", ""):
+        raise HTTPException(415, f"content-encoding must be gzip or identity, not {encoding!r}")
+    return body
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise HTTPException(400, f"body is not valid gzip: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise HTTPException(413, f"decompressed body exceeds the {limit}-byte limit")
+    if not inflater.eof:
+        raise HTTPException(400, "body is not valid gzip: truncated stream")
+    return out
+
+
+def _store(request: Request, body: bytes) -> Any:
+    settings: Settings = request.app.state.settings
+    started = time.perf_counter()
+    try:
+        batch = IngestBatch.model_validate_json(body)
+    except ValidationError as exc:
+        INGEST_BATCHES.labels("rejected").inc()
+        raise _validation_error(exc) from None
+    if len(batch.events) > settings.max_events_per_batch:
+        INGEST_BATCHES.labels("rejected").inc()
+        raise HTTPException(
+            413,
+            f"events: {len(batch.events)} events exceed the limit of "
+            f"{settings.max_events_per_batch} per batch; send smaller batches",
+        )
+    if errors := check_request_times(batch.events):  # type: ignore[arg-type]
+        INGEST_BATCHES.labels("rejected").inc()
+        raise HTTPException(422, errors)
+    try:
+        with session_scope(request.app.state.sessionmaker) as session:
+            result = ingest_batch(session=session, batch=batch)
+    except JobKindConflict as exc:
+        INGEST_BATCHES.labels("rejected").inc()
+        raise HTTPException(409, str(exc)) from None
+    except sa_exc.TimeoutError:
+        return _throttled(settings, "database connection pool exhausted")
+    except sa_exc.OperationalError as exc:
+        if "locked" in str(exc.orig).lower():
+            return _throttled(settings, "database is busy")
+        raise
+    INGEST_SECONDS.observe(time.perf_counter() - started)
+    INGEST_BATCHES.labels("duplicate" if result.duplicate else "stored").inc()
+    for kind, n in result.counts.items():
+        INGEST_EVENTS.labels(kind).inc(n)
+    return IngestReply(accepted=result.accepted, duplicate=result.duplicate, actions=[])
+
+
+def _validation_error(exc: ValidationError) -> HTTPException:
+    errors = exc.errors(include_url=False, include_input=False)
+    if errors and errors[0]["type"] == "json_invalid":
+        return HTTPException(400, f"body is not valid JSON: {errors[0]['msg']}")
+    detail = [
+        {
+            "field": format_loc(tuple(e["loc"])),
+            "msg": e["msg"].removeprefix("Value error, "),
+            "type": e["type"],
+        }
+        for e in errors[:50]
+    ]
+    return HTTPException(422, detail)

@@ -1,0 +1,64 @@
+"""Response shapes of the jobs read API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class JobOut(BaseModel):
+    name: str
+    kind: str
+    world_size: int
+    attempt: int
+    created_at: datetime
+    last_seen_at: datetime | None
+    last_step: int | None
+    ranks_reporting: int
+
+
+class JobDetail(JobOut):
+    steps_stored: int
+    step_time_median_s: float | None
+    open_incidents: int
+
+
+class StepOut(BaseModel):
+    # NaN/Inf loss is the signal a numerics detector needs; JSON has no NaN, so
+    # non-finite values are written as the strings "NaN", "Infinity", "-Infinity".
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    step: int
+    rank: int
+    attempt: int
+    ts: float
+    duration_s: float
+    comm_s: float | None
+    data_s: float | None
+    loss: float | None
+    grad_norm: float | None
+    mem_bytes: int | None
+    tokens: int | None
+    opseq: str | None
+
+
+class StepPage(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    items: list[StepOut]
+    next_cursor: str | None
+
+
+class RankOut(BaseModel):
+    rank: int
+    host: str | None
+    attempt: int
+    last_step: int | None
+    current_step: int | None
+    last_step_ts: float | None
+    last_heartbeat_ts: float | None
+    heartbeat_age_s: float | None
+    inflight: dict[str, Any] | None
+    last_seen_at: datetime

@@ -1,0 +1,173 @@
+"""Queries behind the jobs read API. Services take a session and keyword arguments."""
+
+from __future__ import annotations
+
+import base64
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, and_, func, or_, select, tuple_
+from sqlalchemy.orm import Session
+
+from backend.incidents.models import Incident
+from backend.jobs.models import Job, Rank
+from backend.telemetry.models import StepRecord
+
+RECENT_STEPS = 200
+
+
+def _rank_rollup() -> Any:
+    return (
+        select(
+            Rank.job_id,
+            func.max(Rank.last_step).label("last_step"),
+            func.max(Rank.last_seen_at).label("last_seen_at"),
+            func.count().label("ranks_reporting"),
+        )
+        .group_by(Rank.job_id)
+        .subquery()
+    )
+
+
+def _summary(row: Row[Any]) -> dict[str, Any]:
+    job = row[0]
+    return {
+        "name": job.name,
+        "kind": job.kind,
+        "world_size": job.world_size,
+        "attempt": job.attempt,
+        "created_at": job.created_at,
+        "last_seen_at": row.last_seen_at,
+        "last_step": row.last_step,
+        "ranks_reporting": row.ranks_reporting or 0,
+    }
+
+
+def list_jobs(*, session: Session) -> list[dict[str, Any]]:
+    r = _rank_rollup()
+    rows = session.execute(
+        select(Job, r.c.last_step, r.c.last_seen_at, r.c.ranks_reporting)
+        .outerjoin(r, r.c.job_id == Job.id)
+        .order_by(r.c.last_seen_at.desc().nulls_last(), Job.name)
+    )
+    return [_summary(row) for row in rows]
+
+
+def get_job_id(*, session: Session, name: str) -> int | None:
+    return session.scalar(select(Job.id).where(Job.name == name))
+
+
+def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
+    r = _rank_rollup()
+    row = session.execute(
+        select(Job, r.c.last_step, r.c.last_seen_at, r.c.ranks_reporting)
+        .outerjoin(r, r.c.job_id == Job.id)
+        .where(Job.name == name)
+    ).first()
+    if row is None:
+        return None
+    job_id = row[0].id
+    out = _summary(row)
+    out["steps_stored"] = session.scalar(
+        select(func.count()).select_from(StepRecord).where(StepRecord.job_id == job_id)
+    )
+    recent = session.scalars(
+        select(StepRecord.duration_s)
+        .where(StepRecord.job_id == job_id)
+        .order_by(StepRecord.step.desc())
+        .limit(RECENT_STEPS)
+    ).all()
+    out["step_time_median_s"] = statistics.median(recent) if recent else None
+    out["open_incidents"] = session.scalar(
+        select(func.count())
+        .select_from(Incident)
+        .where(Incident.job_id == job_id, Incident.status == "open")
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class StepCursor:
+    """Keyset position (step, rank, id): stable under concurrent inserts, O(1) per page."""
+
+    step: int
+    rank: int
+    id: int
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(f"{self.step}:{self.rank}:{self.id}".encode()).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> StepCursor:
+        try:
+            step, rank, id_ = base64.urlsafe_b64decode(text.encode()).decode().split(":")
+            return cls(int(step), int(rank), int(id_))
+        except ValueError as exc:
+            raise ValueError("cursor is not one this API returned") from exc
+
+
+def list_steps(
+    *,
+    session: Session,
+    job_id: int,
+    rank: int | None = None,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    limit: int = 1000,
+    after: StepCursor | None = None,
+) -> tuple[list[StepRecord], StepCursor | None]:
+    """Steps ordered by (step, rank), filtered, one page at a time."""
+    query = select(StepRecord).where(StepRecord.job_id == job_id)
+    if rank is not None:
+        query = query.where(StepRecord.rank == rank)
+    if from_step is not None:
+        query = query.where(StepRecord.step >= from_step)
+    if to_step is not None:
+        query = query.where(StepRecord.step <= to_step)
+    if after is not None:
+        key = tuple_(StepRecord.step, StepRecord.rank, StepRecord.id)
+        if session.get_bind().dialect.name == "sqlite":
+            # Row-value comparison exists in SQLite too, but spelled out it uses the index.
+            query = query.where(
+                or_(
+                    StepRecord.step > after.step,
+                    and_(StepRecord.step == after.step, StepRecord.rank > after.rank),
+                    and_(
+                        StepRecord.step == after.step,
+                        StepRecord.rank == after.rank,
+                        StepRecord.id > after.id,
+                    ),
+                )
+            )
+        else:
+            query = query.where(key > tuple_(after.step, after.rank, after.id))
+    query = query.order_by(StepRecord.step, StepRecord.rank, StepRecord.id).limit(limit + 1)
+    rows = list(session.scalars(query))
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    last = rows[-1]
+    return rows, StepCursor(last.step, last.rank, last.id)
+
+
+def list_ranks(*, session: Session, job_id: int, now: float) -> list[dict[str, Any]]:
+    rows = session.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank))
+    out = []
+    for r in rows:
+        age = None if r.last_heartbeat_ts is None else max(0.0, now - r.last_heartbeat_ts)
+        out.append(
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "attempt": r.attempt,
+                "last_step": r.last_step,
+                "current_step": r.current_step,
+                "last_step_ts": r.last_step_ts,
+                "last_heartbeat_ts": r.last_heartbeat_ts,
+                "heartbeat_age_s": age,
+                "inflight": r.inflight,
+                "last_seen_at": r.last_seen_at,
+            }
+        )
+    return out

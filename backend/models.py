@@ -1,0 +1,32 @@
+"""Every table, imported in one place so ``Base.metadata`` is complete (Alembic uses it)."""
+
+from backend.actions.models import Action
+from backend.auth.models import ApiToken
+from backend.db import Base
+from backend.incidents.models import Incident
+from backend.ingest.models import IngestBatch
+from backend.jobs.models import Job, Rank
+from backend.telemetry.models import (
+    CollectiveRecord,
+    JobEvent,
+    MetricPoint,
+    OpSequence,
+    ServingRequest,
+    StepRecord,
+)
+
+__all__ = [
+    "Action",
+    "ApiToken",
+    "Base",
+    "CollectiveRecord",
+    "Incident",
+    "IngestBatch",
+    "Job",
+    "JobEvent",
+    "MetricPoint",
+    "OpSequence",
+    "Rank",
+    "ServingRequest",
+    "StepRecord",
+]

@@ -1,0 +1,162 @@
+"""Settings for every Vigil server process, read from ``VIGIL_*`` environment variables.
+
+    >>> from backend.settings import Settings
+    >>> Settings(database_url="sqlite:///./vigil.db").embedded
+    True
+
+Values are checked when the process starts, not when they are first used: a bad
+``VIGIL_DATABASE_URL`` stops ``vigil server`` with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+# Well-known tokens used when nothing is configured in development. They are printed
+# in the README, so they are refused anywhere else.
+DEV_ADMIN_TOKEN = "vigil-dev-admin"
+DEV_INGEST_TOKEN = "vigil-dev-ingest"
+_PLACEHOLDERS = {
+    "",
+    "changeme",
+    "change-me",
+    "secret",
+    "password",
+    "token",
+    "admin",
+    "test",
+    "xxx",
+    DEV_ADMIN_TOKEN,
+    DEV_INGEST_TOKEN,
+}
+MIN_SECRET_LENGTH = 16
+
+
+class SettingsError(RuntimeError):
+    """Raised with a readable, multi-line message when the environment is invalid."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VIGIL_", extra="ignore", frozen=True)
+
+    env: Literal["development", "production"] = Field(
+        "development",
+        description="`production` refuses placeholder secrets and requires an admin token.",
+    )
+    database_url: str = Field(
+        "sqlite:///./vigil.db",
+        description="SQLAlchemy URL: `sqlite:///path` (embedded) or `postgresql+psycopg://…`.",
+    )
+    redis_url: str | None = Field(
+        None, description="Redis URL for Celery and locks; unset means embedded mode."
+    )
+    admin_token: SecretStr | None = Field(
+        None, description="Bootstrap token with every scope. Required in production."
+    )
+    ingest_token: SecretStr | None = Field(
+        None, description="Bootstrap token with the `ingest` scope, for collectors."
+    )
+    host: str = Field("127.0.0.1", description="Address `vigil server` listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port `vigil server` listens on.")
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Largest ingest body, before and after gzip."
+    )
+    max_events_per_batch: int = Field(20_000, ge=1, description="Most events in one batch.")
+    max_inflight_ingest: int = Field(
+        16, ge=1, description="Concurrent ingest requests per process before replying 429."
+    )
+    retry_after_s: int = Field(2, ge=1, description="`Retry-After` sent with 429.")
+    db_pool_size: int = Field(10, ge=1, description="Database connections per process.")
+    token_cache_s: float = Field(
+        10.0, ge=0, description="How long a verified API token is trusted without a lookup."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        scheme = value.split(":", 1)[0]
+        if not (scheme.startswith("sqlite") or scheme.startswith("postgresql")):
+            raise ValueError(
+                f"unsupported database {scheme!r}: use sqlite:///path or postgresql+psycopg://…"
+            )
+        if scheme in ("postgresql", "postgres"):
+            # psycopg 3 is the driver we ship; plain postgresql:// would ask for psycopg2.
+            value = "postgresql+psycopg" + value[len(scheme) :]
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _secrets(self) -> Settings:
+        if self.env != "production":
+            return self
+        if self.admin_token is None:
+            raise ValueError("VIGIL_ADMIN_TOKEN is required when VIGIL_ENV=production")
+        for name in ("admin_token", "ingest_token"):
+            secret: SecretStr | None = getattr(self, name)
+            if secret is None:
+                continue
+            raw = secret.get_secret_value()
+            if raw.lower() in _PLACEHOLDERS or len(raw) < MIN_SECRET_LENGTH:
+                raise ValueError(
+                    f"VIGIL_{name.upper()} is a placeholder or shorter than "
+                    f"{MIN_SECRET_LENGTH} characters; refused when VIGIL_ENV=production"
+                )
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """True when running without Redis: Celery eager, periodic work in-process."""
+        return self.redis_url is None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def bootstrap_tokens(self) -> dict[str, frozenset[str]]:
+        """Tokens from the environment, mapped to their scopes."""
+        tokens: dict[str, frozenset[str]] = {}
+        admin = self.admin_token.get_secret_value() if self.admin_token else None
+        ingest = self.ingest_token.get_secret_value() if self.ingest_token else None
+        if self.env == "development":
+            admin = admin or DEV_ADMIN_TOKEN
+            ingest = ingest or DEV_INGEST_TOKEN
+        if ingest:
+            tokens[ingest] = frozenset({"ingest"})
+        if admin:
+            tokens[admin] = frozenset({"admin", "read", "ingest"})
+        return tokens
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment, turning validation errors into one clear message."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            name = f"VIGIL_{field.upper()}" if field else "settings"
+            message = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {name}: {message}")
+        raise SettingsError("invalid Vigil settings:\n" + "\n".join(lines)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return load_settings()

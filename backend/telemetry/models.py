@@ -1,0 +1,123 @@
+"""Append-only telemetry: step records, collectives, op sequences, serving requests,
+metrics and free-form events. Written in bulk by ingest, read by detectors and the API.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from backend.db import Base, BigId, NonFiniteFloat, UTCDateTime, utcnow
+
+
+class StepRecord(Base):
+    __tablename__ = "steps"
+    __table_args__ = (
+        Index("ix_steps_job_step", "job_id", "step", "rank"),
+        Index("ix_steps_job_rank_step", "job_id", "rank", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int] = mapped_column(BigInteger)
+    ts: Mapped[float] = mapped_column(Double)
+    duration_s: Mapped[float] = mapped_column(Double)
+    comm_s: Mapped[float | None] = mapped_column(Double)
+    data_s: Mapped[float | None] = mapped_column(Double)
+    loss: Mapped[float | None] = mapped_column(NonFiniteFloat)
+    grad_norm: Mapped[float | None] = mapped_column(NonFiniteFloat)
+    mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    tokens: Mapped[int | None] = mapped_column(BigInteger)
+    opseq: Mapped[str | None] = mapped_column(String(64))
+
+
+class CollectiveRecord(Base):
+    """Collective calls of one rank, aggregated per step and (group, op)."""
+
+    __tablename__ = "collectives"
+    __table_args__ = (Index("ix_collectives_job_step", "job_id", "step", "rank"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    group: Mapped[str] = mapped_column(String(128))
+    op: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    duration_s: Mapped[float] = mapped_column(Double)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class OpSequence(Base):
+    """The full operator sequence behind a fingerprint, stored once per job."""
+
+    __tablename__ = "opseqs"
+    __table_args__ = (UniqueConstraint("job_id", "hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    hash: Mapped[str] = mapped_column(String(64))
+    ops: Mapped[list[Any]] = mapped_column(JSON)
+    first_rank: Mapped[int] = mapped_column(Integer)
+    first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ServingRequest(Base):
+    __tablename__ = "requests"
+    __table_args__ = (Index("ix_requests_job_arrival", "job_id", "arrival"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    request_id: Mapped[str] = mapped_column(String(128))
+    arrival: Mapped[float] = mapped_column(Double)
+    first_token: Mapped[float | None] = mapped_column(Double)
+    end: Mapped[float | None] = mapped_column(Double)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_tbt_s: Mapped[float | None] = mapped_column(Double)
+    status: Mapped[str] = mapped_column(String(32), default="ok")
+
+
+class MetricPoint(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_job_name_step", "job_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float] = mapped_column(NonFiniteFloat)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    ts: Mapped[float | None] = mapped_column(Double)
+
+
+class JobEvent(Base):
+    """Named, free-form events (checkpoint saved, stacks dumped, …)."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_step", "job_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    ts: Mapped[float | None] = mapped_column(Double)
+    attrs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,68 @@
+"""Collector configuration: arguments first, then ``VIGIL_*`` environment, then defaults.
+
+Rank, world size, local rank and restart attempt come from the variables torchrun sets
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``).
+
+    >>> cfg = Config.resolve(job="llama", endpoint="http://vigil:8000", environ={"RANK": "3"})
+    >>> (cfg.job, cfg.rank, cfg.enabled)
+    ('llama', 3, True)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        return default  # a malformed variable must not break the user's job
+
+
+@dataclass(frozen=True)
+class Config:
+    endpoint: str | None
+    token: str | None
+    job: str
+    kind: str
+    rank: int
+    world_size: int
+    local_rank: int
+    attempt: int
+    host: str
+
+    @property
+    def enabled(self) -> bool:
+        """Without an endpoint every collector call is a no-op."""
+        return bool(self.endpoint)
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        endpoint: str | None = None,
+        token: str | None = None,
+        job: str | None = None,
+        kind: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Config:
+        env = os.environ if environ is None else environ
+        endpoint = endpoint or env.get("VIGIL_ENDPOINT") or None
+        rank = _int(env, "RANK", 0)
+        world_size = max(_int(env, "WORLD_SIZE", 1), rank + 1)
+        return cls(
+            endpoint=endpoint.rstrip("/") if endpoint else None,
+            token=token or env.get("VIGIL_TOKEN") or None,
+            job=job or env.get("VIGIL_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default",
+            kind=kind or env.get("VIGIL_KIND") or "training",
+            rank=rank,
+            world_size=world_size,
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            attempt=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+            host=env.get("VIGIL_HOST") or socket.gethostname(),
+        )

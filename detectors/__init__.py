@@ -1,0 +1,1 @@
+"""Pure detection algorithms: arrays in, findings out. No database, clock or network."""
