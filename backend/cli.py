@@ -37,8 +37,9 @@ else:
     )
     token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
     app.add_typer(token_app, name="token")
-    console = Console()
-    err = Console(stderr=True)
+    # Piped output (grep, tests) gets wide lines rather than truncated job names.
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
     def _settings(**overrides: object):  # type: ignore[no-untyped-def]
         from backend.settings import SettingsError, load_settings

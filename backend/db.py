@@ -115,7 +115,16 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN")
+        # Writers take the write lock up front: a deferred transaction that reads and
+        # then writes fails at once with SQLITE_BUSY when another writer got there first,
+        # instead of waiting out busy_timeout.
+        immediate = conn.get_execution_options().get(WRITE_TRANSACTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+# Execution option for sessions that will write: ``session.connection(execution_options=
+# {WRITE_TRANSACTION: True})``. Only SQLite looks at it.
+WRITE_TRANSACTION = "vigil_write_transaction"
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
@@ -123,10 +132,12 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+def session_scope(factory: sessionmaker[Session], *, write: bool = False) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error."""
     session = factory()
     try:
+        if write:
+            session.connection(execution_options={WRITE_TRANSACTION: True})
         yield session
         session.commit()
     except BaseException:

@@ -61,7 +61,7 @@ def pai_batches(job: str = DEMO_JOB, *, now: float | None = None) -> list[dict[s
             previous = iteration
             stamps.append(elapsed)
         start = now - elapsed
-        events = [
+        events: list[dict[str, Any]] = [
             {"type": "step", "step": it, "ts": start + stamp, "duration_s": seconds}
             for (it, seconds), stamp in zip(rows, stamps, strict=True)
         ]

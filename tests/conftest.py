@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.api import create_app
@@ -37,12 +37,28 @@ def reset_postgres(url: str) -> None:
     engine.dispose()
 
 
-def backend_url(kind: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+def postgres_sibling(url: str, suffix: str) -> str:
+    """A second database next to the test database, created empty if it is missing."""
+    base = make_url(url)
+    name = f"{base.database}_{suffix}"
+    engine = make_engine(url)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        exists = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name})
+        if not exists:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
+def backend_url(kind: str, tmp_path_factory: pytest.TempPathFactory, suffix: str = "") -> str:
+    """An empty database of the given kind; ``suffix`` picks a separate Postgres database."""
     if kind == "sqlite":
         return f"sqlite:///{tmp_path_factory.mktemp('db') / 'vigil.db'}"
     if not PG_URL:
         pytest.skip("PostgreSQL tests need VIGIL_TEST_DATABASE_URL")
     url = Settings(database_url=PG_URL).database_url  # normalises the driver name
+    if suffix:
+        url = postgres_sibling(url, suffix)
     reset_postgres(url)
     return url
 

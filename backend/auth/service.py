@@ -111,7 +111,7 @@ class TokenVerifier:
         return principal
 
     def _lookup(self, digest: str) -> Principal | None:
-        with session_scope(self._factory) as session:
+        with session_scope(self._factory, write=True) as session:
             row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
             if row is None or row.revoked_at is not None:
                 return None

@@ -53,7 +53,7 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
 
     by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in batch.events:
-        by_type[event["type"]].append(event)  # type: ignore[index]
+        by_type[event["type"]].append(event)  # type: ignore[arg-type]
 
     base = {"job_id": job_id, "rank": batch.rank}
     if steps := by_type.get("step"):

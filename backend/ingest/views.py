@@ -136,7 +136,7 @@ def _store(request: Request, body: bytes) -> Any:
         INGEST_BATCHES.labels("rejected").inc()
         raise HTTPException(422, errors)
     try:
-        with session_scope(request.app.state.sessionmaker) as session:
+        with session_scope(request.app.state.sessionmaker, write=True) as session:
             result = ingest_batch(session=session, batch=batch)
     except JobKindConflict as exc:
         INGEST_BATCHES.labels("rejected").inc()

@@ -38,8 +38,14 @@ def test_every_event_type_is_stored(client, session):
     assert reply.json() == {"accepted": 7, "duplicate": False, "actions": []}
 
     assert counts(session) == {
-        "steps": 1, "collectives": 1, "opseqs": 1, "requests": 1, "metrics": 1,
-        "job_events": 1, "ingest_batches": 1, "jobs": 1,
+        "steps": 1,
+        "collectives": 1,
+        "opseqs": 1,
+        "requests": 1,
+        "metrics": 1,
+        "job_events": 1,
+        "ingest_batches": 1,
+        "jobs": 1,
     }
     s = session.scalars(select(StepRecord)).one()
     assert (s.rank, s.step, s.duration_s, s.comm_s, s.data_s) == (3, 120, 0.31, 0.05, 0.01)
@@ -59,8 +65,12 @@ def test_heartbeat_updates_rank_state(client, session):
     client.post("/api/v1/ingest", json=batch(every_event_type(), rank=2), headers=INGEST)
     rank = session.scalars(select(Rank)).one()
     assert (rank.rank, rank.last_step, rank.current_step) == (2, 120, 121)
-    assert rank.inflight == {"group": "dp", "op": "all_reduce", "seq": 4502,
-                             "since": 1_732_233_120.5}
+    assert rank.inflight == {
+        "group": "dp",
+        "op": "all_reduce",
+        "seq": 4502,
+        "since": 1_732_233_120.5,
+    }
 
     # A later heartbeat outside any collective clears the in-flight collective...
     later = {"type": "heartbeat", "ts": 1_732_233_130.0, "step": 125, "inflight": None}
@@ -70,8 +80,12 @@ def test_heartbeat_updates_rank_state(client, session):
     assert (rank.current_step, rank.inflight) == (125, None)
 
     # ...and a late, older batch does not overwrite fresher state.
-    stale = {"type": "heartbeat", "ts": 1_732_233_125.0, "step": 123,
-             "inflight": {"group": "tp", "op": "all_gather", "since": 1_732_233_124.0}}
+    stale = {
+        "type": "heartbeat",
+        "ts": 1_732_233_125.0,
+        "step": 123,
+        "inflight": {"group": "tp", "op": "all_gather", "since": 1_732_233_124.0},
+    }
     client.post("/api/v1/ingest", json=batch([stale, step(110)], rank=2), headers=INGEST)
     session.expire_all()
     rank = session.scalars(select(Rank)).one()
@@ -137,9 +151,7 @@ def test_opseq_is_stored_once_per_job(client, session):
 
 def test_restart_attempt_and_world_size_follow_the_newest_attempt(client, session):
     client.post("/api/v1/ingest", json=batch([step(1)], world_size=4), headers=INGEST)
-    client.post(
-        "/api/v1/ingest", json=batch([step(1)], world_size=3, attempt=1), headers=INGEST
-    )
+    client.post("/api/v1/ingest", json=batch([step(1)], world_size=3, attempt=1), headers=INGEST)
     job = session.scalars(select(Job)).one()
     session.refresh(job)
     assert (job.world_size, job.attempt) == (3, 1)

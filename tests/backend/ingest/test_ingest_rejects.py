@@ -40,13 +40,18 @@ CASES = [
     ("job with a slash", batch([step(1)], job="a/b"), "job"),
     ("empty job", batch([step(1)], job=""), "job"),
     ("unknown kind", batch([step(1)], kind="inference"), "kind"),
-    ("missing step ts", batch([{k: v for k, v in step(1).items() if k != "ts"}]),
-     "events[0].ts"),
-    ("collective without op", batch([{"type": "collective", "group": "dp", "duration_s": 1}]),
-     "events[0].op"),
+    ("missing step ts", batch([{k: v for k, v in step(1).items() if k != "ts"}]), "events[0].ts"),
+    (
+        "collective without op",
+        batch([{"type": "collective", "group": "dp", "duration_s": 1}]),
+        "events[0].op",
+    ),
     ("string as number", batch([step(1, duration_s="fast")]), "events[0].duration_s"),
-    ("request ends before it starts",
-     batch([{"type": "request", "id": "r", "arrival": 5.0, "end": 1.0}]), "events[0].end"),
+    (
+        "request ends before it starts",
+        batch([{"type": "request", "id": "r", "arrival": 5.0, "end": 1.0}]),
+        "events[0].end",
+    ),
 ]
 
 
@@ -97,10 +102,16 @@ def test_invalid_gzip_is_400(client, session):
 
 def test_unsupported_encoding_and_content_type_are_415(client, session):
     body = json.dumps(batch([step(1)]))
-    br = client.post("/api/v1/ingest", content=body, headers={
-        **INGEST, "Content-Type": "application/json", "Content-Encoding": "br"})
-    form = client.post("/api/v1/ingest", content=body, headers={
-        **INGEST, "Content-Type": "application/x-www-form-urlencoded"})
+    br = client.post(
+        "/api/v1/ingest",
+        content=body,
+        headers={**INGEST, "Content-Type": "application/json", "Content-Encoding": "br"},
+    )
+    form = client.post(
+        "/api/v1/ingest",
+        content=body,
+        headers={**INGEST, "Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert (br.status_code, form.status_code) == (415, 415)
     assert "content-encoding" in br.json()["detail"]
     assert nothing_stored(session)

@@ -16,9 +16,7 @@ def job(client):  # type: ignore[no-untyped-def]
     """A 4-rank job with 30 steps per rank; rank 2 is slow."""
     now = time.time()
     for rank in range(4):
-        events = [
-            step(n, ts=now - 30 + n, duration_s=0.5 if rank == 2 else 0.3) for n in range(30)
-        ]
+        events = [step(n, ts=now - 30 + n, duration_s=0.5 if rank == 2 else 0.3) for n in range(30)]
         events.append({"type": "heartbeat", "ts": now - 1, "step": 30})
         reply = client.post(
             "/api/v1/ingest", json=batch(events, rank=rank, host=f"node-{rank}"), headers=INGEST
@@ -97,8 +95,12 @@ def test_ranks_with_latest_state(client, job):
 
 
 def test_read_endpoints_need_a_read_token(client, job, session):
-    paths = ["/api/v1/jobs", f"/api/v1/jobs/{job}", f"/api/v1/jobs/{job}/steps",
-             f"/api/v1/jobs/{job}/ranks"]
+    paths = [
+        "/api/v1/jobs",
+        f"/api/v1/jobs/{job}",
+        f"/api/v1/jobs/{job}/steps",
+        f"/api/v1/jobs/{job}/ranks",
+    ]
     _, reader = create_token(session=session, name="grafana", scopes=["read"])
     session.commit()
     for path in paths:

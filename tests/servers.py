@@ -1,0 +1,71 @@
+"""Start real ``vigil`` processes for tests that need a server over HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+VIGIL = [sys.executable, "-m", "backend"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def vigil_env(database_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    env.update({"VIGIL_DATABASE_URL": database_url, "VIGIL_LOG_LEVEL": "WARNING", **extra})
+    return env
+
+
+def run_vigil(
+    args: list[str], env: Mapping[str, str], cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*VIGIL, *args], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@contextmanager
+def live_server(database_url: str, **extra_env: str) -> Iterator[str]:
+    """``vigil server`` on a free port; yields its base URL and stops it afterwards."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*VIGIL, "server", "--port", str(port), "--migrate"],
+        env=vigil_env(database_url, **extra_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vigil server exited: {proc.stdout.read()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("vigil server did not answer /healthz within 60 s")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
