@@ -16,6 +16,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend import __version__
+from backend.actions.views import router as actions_router
 from backend.auth.service import TokenVerifier
 from backend.db import make_engine, make_sessionmaker
 from backend.ingest.schemas import IngestBatch
@@ -52,6 +53,7 @@ def create_app(
 
     app.include_router(ingest_router)
     app.include_router(jobs_router)
+    app.include_router(actions_router)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
 

@@ -53,6 +53,9 @@ class CollectiveEvent(TypedDict):
     seq: NotRequired[Count | None]
     bytes: NotRequired[Count]
     count: NotRequired[Annotated[int, Field(ge=1, le=2**31 - 1)]]
+    members: NotRequired[
+        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_RANKS)] | None
+    ]
 
 
 class Inflight(TypedDict):
@@ -67,6 +70,8 @@ class HeartbeatEvent(TypedDict):
     ts: Seconds
     step: NotRequired[StepNo | None]
     inflight: NotRequired[Inflight | None]
+    pid: NotRequired[Annotated[int, Field(ge=0)] | None]
+    dropped: NotRequired[dict[Annotated[str, Field(max_length=64)], Count] | None]
 
 
 class OpSeqEvent(TypedDict):
@@ -103,6 +108,16 @@ class NamedEvent(TypedDict):
     attrs: NotRequired[dict[str, Any]]
 
 
+class ActionEvent(TypedDict):
+    """A rank reporting on an action it received: acked, then succeeded or failed."""
+
+    type: Literal["action"]
+    id: Annotated[int, Field(ge=1)]
+    state: Literal["acked", "succeeded", "failed"]
+    ts: NotRequired[Seconds | None]
+    result: NotRequired[dict[str, Any] | None]
+
+
 Event = Annotated[
     StepEvent
     | CollectiveEvent
@@ -110,10 +125,11 @@ Event = Annotated[
     | OpSeqEvent
     | RequestEvent
     | MetricEvent
-    | NamedEvent,
+    | NamedEvent
+    | ActionEvent,
     Field(discriminator="type"),
 ]
-EVENT_TYPES = ("step", "collective", "heartbeat", "opseq", "request", "metric", "event")
+EVENT_TYPES = ("step", "collective", "heartbeat", "opseq", "request", "metric", "event", "action")
 
 # Job names appear in URLs, so no '/', and in terminals, so no control characters.
 _JOB_NAME = re.compile(r"^[^/\x00-\x1f\x7f]{1,200}$")

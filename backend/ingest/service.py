@@ -8,12 +8,13 @@ exists, the batch is a retry and nothing else is written.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import case, insert, select, update
 from sqlalchemy.orm import Session
 
+from backend.actions.service import dispatch_for_rank, record_report
 from backend.db import insert_for, utcnow
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
@@ -38,6 +39,7 @@ class IngestResult:
     accepted: int
     duplicate: bool
     counts: dict[str, int]
+    actions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
@@ -49,7 +51,8 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
         .returning(IngestBatchRow.batch_id)
     ).first()
     if claimed is None:
-        return IngestResult(job_id, len(batch.events), True, {})
+        actions = dispatch_for_rank(session=session, job_id=job_id, rank=batch.rank)
+        return IngestResult(job_id, len(batch.events), True, {}, actions)
 
     by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in batch.events:
@@ -102,9 +105,20 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
                 for e in named
             ],
         )
+    for report in by_type.get("action", ()):
+        record_report(
+            session=session,
+            job_id=job_id,
+            rank=batch.rank,
+            world_size=batch.world_size,
+            action_id=report["id"],
+            state=report["state"],
+            result=report.get("result"),
+        )
     _update_rank(session=session, batch=batch, job_id=job_id, by_type=by_type)
+    actions = dispatch_for_rank(session=session, job_id=job_id, rank=batch.rank)
     counts = {kind: len(events) for kind, events in by_type.items()}
-    return IngestResult(job_id, len(batch.events), False, counts)
+    return IngestResult(job_id, len(batch.events), False, counts, actions)
 
 
 def _ensure_job(*, session: Session, batch: IngestBatch) -> int:
@@ -162,6 +176,8 @@ def _update_rank(
         "current_step": None,
         "last_heartbeat_ts": None,
         "inflight": None,
+        "pid": None,
+        "drops": None,
     }
     if steps := by_type.get("step"):
         latest = max(steps, key=lambda e: e["ts"])
@@ -171,6 +187,8 @@ def _update_rank(
         values["last_heartbeat_ts"] = latest["ts"]
         values["current_step"] = latest.get("step")
         values["inflight"] = latest.get("inflight")
+        values["pid"] = latest.get("pid")
+        values["drops"] = latest.get("dropped")
 
     stmt = insert_for(session, Rank).values(**values)
     new, cur = stmt.excluded, Rank.__table__.c
@@ -190,6 +208,8 @@ def _update_rank(
             "last_step_ts": case((newer_step, new.last_step_ts), else_=cur.last_step_ts),
             "current_step": case((newer_beat, new.current_step), else_=cur.current_step),
             "inflight": case((newer_beat, new.inflight), else_=cur.inflight),
+            "pid": case((newer_beat, new.pid), else_=cur.pid),
+            "drops": case((newer_beat, new.drops), else_=cur.drops),
             "last_heartbeat_ts": case(
                 (newer_beat, new.last_heartbeat_ts), else_=cur.last_heartbeat_ts
             ),
@@ -226,6 +246,7 @@ def _collective_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> di
         "bytes": e.get("bytes", 0),
         "duration_s": e["duration_s"],
         "count": e.get("count", 1),
+        "members": e.get("members"),
     }
 
 

@@ -151,7 +151,7 @@ def _store(request: Request, body: bytes) -> Any:
     INGEST_BATCHES.labels("duplicate" if result.duplicate else "stored").inc()
     for kind, n in result.counts.items():
         INGEST_EVENTS.labels(kind).inc(n)
-    return IngestReply(accepted=result.accepted, duplicate=result.duplicate, actions=[])
+    return IngestReply(accepted=result.accepted, duplicate=result.duplicate, actions=result.actions)
 
 
 def _validation_error(exc: ValidationError) -> HTTPException:

@@ -51,4 +51,7 @@ class Rank(Base):
     last_heartbeat_ts: Mapped[float | None] = mapped_column(Double)
     # The collective this rank is inside right now: {"group", "op", "seq", "since"}.
     inflight: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    # What the collector dropped so far, by reason ({"queue_full": 12}); from heartbeats.
+    drops: Mapped[dict[str, int] | None] = mapped_column(JSON)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -61,4 +61,6 @@ class RankOut(BaseModel):
     last_heartbeat_ts: float | None
     heartbeat_age_s: float | None
     inflight: dict[str, Any] | None
+    pid: int | None
+    drops: dict[str, int] | None
     last_seen_at: datetime

@@ -167,6 +167,8 @@ def list_ranks(*, session: Session, job_id: int, now: float) -> list[dict[str, A
                 "last_heartbeat_ts": r.last_heartbeat_ts,
                 "heartbeat_age_s": age,
                 "inflight": r.inflight,
+                "pid": r.pid,
+                "drops": r.drops,
                 "last_seen_at": r.last_seen_at,
             }
         )

@@ -62,6 +62,8 @@ class CollectiveRecord(Base):
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     duration_s: Mapped[float] = mapped_column(Double)
     count: Mapped[int] = mapped_column(Integer, default=1)
+    # Member ranks of the process group; NULL for the default (world) group.
+    members: Mapped[list[int] | None] = mapped_column(JSON)
 
 
 class OpSequence(Base):

@@ -1,0 +1,153 @@
+"""Recovery actions: create (idempotently), hand out to ranks, record what ranks report.
+
+An action targets some ranks (or all of the job's ranks). Each targeted rank gets it once,
+in an ingest reply; its progress is kept per rank in ``deliveries``, and the action's own
+state follows: pending → dispatched (first rank got it) → acked (a rank started it) →
+succeeded (every targeted rank succeeded) | failed (any rank failed) | expired.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.actions.models import Action
+from backend.db import utcnow
+
+OPEN_STATES = ("pending", "dispatched", "acked")
+DEFAULT_TTL_S = 600
+
+
+def create_action(
+    *,
+    session: Session,
+    job_id: int,
+    kind: str,
+    requested_by: str,
+    target_ranks: list[int] | None = None,
+    params: dict[str, Any] | None = None,
+    reason: str = "",
+    idempotency_key: str | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+    incident_id: int | None = None,
+) -> tuple[Action, bool]:
+    """Create an action; with a known ``idempotency_key`` return the existing one instead.
+    Returns ``(action, created)``."""
+    if idempotency_key:
+        existing = session.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
+        if existing is not None:
+            return existing, False
+    now = utcnow()
+    action = Action(
+        job_id=job_id,
+        incident_id=incident_id,
+        kind=kind,
+        state="pending",
+        idempotency_key=idempotency_key or f"auto-{uuid.uuid4()}",
+        requested_by=requested_by,
+        target_ranks=sorted(set(target_ranks)) if target_ranks is not None else None,
+        params=params or {},
+        reason=reason,
+        deliveries={},
+        created_at=now,
+        updated_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+    )
+    session.add(action)
+    session.flush()
+    return action, True
+
+
+def list_actions(*, session: Session, job_id: int, limit: int = 100) -> list[Action]:
+    query = select(Action).where(Action.job_id == job_id).order_by(Action.id.desc()).limit(limit)
+    return list(session.scalars(query))
+
+
+def get_action(*, session: Session, action_id: int) -> Action | None:
+    return session.get(Action, action_id)
+
+
+def _targets(action: Action, rank: int) -> bool:
+    return action.target_ranks is None or rank in action.target_ranks
+
+
+def dispatch_for_rank(*, session: Session, job_id: int, rank: int) -> list[dict[str, Any]]:
+    """Open actions this rank has not received yet, marked as dispatched to it.
+
+    Called on every ingest batch, so the common case (no open action) is one indexed query.
+    Delivery is at least once: an action is re-sent until the rank reports on it.
+    """
+    query = select(Action.id).where(Action.job_id == job_id, Action.state.in_(OPEN_STATES))
+    candidates = list(session.scalars(query))
+    if not candidates:
+        return []
+    now = utcnow()
+    out = []
+    locked = select(Action).where(Action.id.in_(candidates)).order_by(Action.id).with_for_update()
+    for action in session.scalars(locked):
+        if action.expires_at is not None and action.expires_at < now and action.state == "pending":
+            action.state, action.updated_at = "expired", now
+            continue
+        key = str(rank)
+        if not _targets(action, rank):
+            continue
+        delivery = action.deliveries.get(key)
+        if delivery is not None and delivery["state"] != "dispatched":
+            continue  # the rank has reported on it
+        # Until the rank acknowledges, every reply carries the action again: a reply lost
+        # on the way (the rank then retries its batch) must not lose the action. Ranks
+        # ignore action ids they have already seen.
+        if delivery is None:
+            action.deliveries = {
+                **action.deliveries,
+                key: {"state": "dispatched", "at": now.isoformat()},
+            }
+        if action.state == "pending":
+            action.state = "dispatched"
+        action.updated_at = now
+        out.append({"id": action.id, "kind": action.kind, "params": action.params})
+    session.flush()
+    return out
+
+
+def record_report(
+    *,
+    session: Session,
+    job_id: int,
+    rank: int,
+    world_size: int,
+    action_id: int,
+    state: str,
+    result: dict[str, Any] | None,
+) -> bool:
+    """Store a rank's report on an action; False if the action is not this job's."""
+    action = session.scalar(
+        select(Action).where(Action.id == action_id, Action.job_id == job_id).with_for_update()
+    )
+    if action is None:
+        return False
+    now = utcnow()
+    entry: dict[str, Any] = {"state": state, "at": now.isoformat()}
+    if result is not None:
+        entry["result"] = result
+    deliveries = {**action.deliveries, str(rank): entry}
+    action.deliveries = deliveries
+    action.updated_at = now
+    if action.state in ("cancelled", "expired", "failed", "succeeded"):
+        return True  # late reports are kept per rank but do not reopen the action
+    targets = action.target_ranks if action.target_ranks is not None else range(world_size)
+    states = [deliveries.get(str(r), {}).get("state") for r in targets]
+    if "failed" in states:
+        action.state = "failed"
+    elif states and all(s == "succeeded" for s in states):
+        action.state = "succeeded"
+    elif any(s in ("acked", "succeeded") for s in states):
+        action.state = "acked"
+    if action.state in ("failed", "succeeded"):
+        action.result = {r: d.get("result") for r, d in deliveries.items() if "result" in d}
+    session.flush()
+    return True

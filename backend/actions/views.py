@@ -1,0 +1,82 @@
+"""Recovery actions over REST: trigger by hand (admin token), list, inspect."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Response
+from sqlalchemy.orm import Session
+
+from backend.actions import service
+from backend.actions.models import Action
+from backend.actions.schemas import ActionCreate, ActionOut
+from backend.auth.deps import require_scope
+from backend.auth.service import Principal
+from backend.deps import get_session
+from backend.jobs.service import get_job_id
+
+router = APIRouter(prefix="/api/v1", tags=["actions"])
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def _out(action: Action, job: str) -> ActionOut:
+    columns = {c.key: getattr(action, c.key) for c in Action.__table__.columns}
+    return ActionOut.model_validate({**columns, "job": job})
+
+
+def _job_id(session: Session, job: str) -> int:
+    job_id = get_job_id(session=session, name=job)
+    if job_id is None:
+        raise HTTPException(404, f"job {job!r} not found")
+    return job_id
+
+
+@router.post("/jobs/{job}/actions", response_model=ActionOut, status_code=201)
+def create_action(
+    job: str,
+    body: ActionCreate,
+    session: SessionDep,
+    response: Response,
+    principal: Annotated[Principal, Depends(require_scope("admin"))],
+) -> Any:
+    """Trigger an action on the job's ranks. Ranks receive it in their next ingest reply.
+    A repeated `idempotency_key` returns the existing action with 200."""
+    action, created = service.create_action(
+        session=session,
+        job_id=_job_id(session, job),
+        kind=body.kind,
+        requested_by=f"api:{principal.name}",
+        target_ranks=body.target_ranks,
+        params=body.params,
+        reason=body.reason,
+        idempotency_key=body.idempotency_key,
+        ttl_s=body.ttl_s,
+    )
+    if not created:
+        response.status_code = 200
+    return _out(action, job)
+
+
+@router.get(
+    "/jobs/{job}/actions",
+    response_model=list[ActionOut],
+    dependencies=[Depends(require_scope("read"))],
+)
+def list_actions(job: str, session: SessionDep) -> Any:
+    """The job's actions, newest first, with per-rank delivery state."""
+    return [
+        _out(a, job) for a in service.list_actions(session=session, job_id=_job_id(session, job))
+    ]
+
+
+@router.get(
+    "/actions/{action_id}", response_model=ActionOut, dependencies=[Depends(require_scope("read"))]
+)
+def get_action(action_id: int, session: SessionDep) -> Any:
+    from backend.jobs.models import Job
+
+    action = service.get_action(session=session, action_id=action_id)
+    if action is None:
+        raise HTTPException(404, f"action {action_id} not found")
+    job = session.get(Job, action.job_id)
+    return _out(action, job.name if job else "")

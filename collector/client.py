@@ -1,0 +1,429 @@
+"""The collector engine: step records, collective aggregation, in-flight state, actions.
+
+Integrations (``collector/integrations/``) and the facade call into one ``Client``. Every
+public method is safe to call from any thread and never raises into user code.
+
+Step records are emitted lazily: a step that ended stays *pending* until the next step
+starts (or a heartbeat finds it stale), so ``vigil.log(loss=…)`` written after the
+``with vigil.step(n)`` block still lands on step ``n``, as in DESIGN.md's example.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector import actions as builtin_actions
+from collector.chaos import Chaos
+from collector.config import Config
+from collector.transport import HttpTransport
+from collector.worker import Event, Worker
+
+log = logging.getLogger("vigil.collector")
+
+STEP_FIELDS = ("loss", "grad_norm", "tokens")
+ActionHandler = Callable[[dict[str, Any]], Any]
+
+
+@dataclass
+class _Step:
+    step: int
+    started: float  # perf_counter
+    ts: float = 0.0  # wall clock at the end
+    duration_s: float = 0.0
+    comm_s: float = 0.0
+    data_s: float = 0.0
+    mem_bytes: int | None = None
+    opseq: str | None = None
+    fields: dict[str, float] = field(default_factory=dict)
+    ended_at: float = 0.0  # monotonic, for staleness
+
+
+@dataclass
+class Collective:
+    """One collective call in flight; returned by ``collective_begin``."""
+
+    group: str
+    op: str
+    seq: int
+    nbytes: int
+    since: float  # wall clock
+    started: float  # perf_counter
+    step: int | None
+    members: list[int] | None = None
+
+
+class StepListener:
+    """Integrations that need step boundaries (e.g. op-sequence capture) subclass this.
+    Both methods run on the training thread, outside the client's lock."""
+
+    def on_step_start(self, step: int) -> None:
+        pass
+
+    def on_step_end(self, step: int) -> None:
+        pass
+
+
+class Client:
+    def __init__(self, config: Config, *, transport: HttpTransport | None = None) -> None:
+        self.config = config
+        self.chaos = Chaos.parse(config.chaos, rank=config.rank)
+        self._lock = threading.Lock()
+        self._current: _Step | None = None
+        self._pending: _Step | None = None
+        self._next_step = 0
+        self._explicit_steps = False
+        self._data_carry = 0.0
+        self._listeners: list[StepListener] = []
+        self._agg: dict[tuple[str, str, int | None], list[Any]] = {}
+        self._inflight: dict[int, Collective] = {}
+        self._seq: dict[str, int] = {}
+        self._members: dict[str, list[int] | None] = {}
+        self._handlers: dict[str, ActionHandler] = {
+            "dump_stacks": lambda params: builtin_actions.dump_stacks(self, params),
+        }
+        self._action_lock = threading.Lock()
+        self._seen_actions: set[str] = set()
+        transport = transport or HttpTransport(
+            config.endpoint or "", config.token, config.timeout_s
+        )
+        self.worker = Worker(config, transport, tick=self._tick, on_actions=self._on_actions)
+
+    # -- steps -------------------------------------------------------------------------
+
+    def add_step_listener(self, listener: StepListener) -> None:
+        self._listeners.append(listener)
+
+    def begin_step(self, n: int) -> None:
+        self._explicit_steps = True
+        with self._lock:
+            if self._current is not None:  # an unfinished step: close it first
+                self._end_locked()
+            self._emit_pending_locked()
+            self._start_locked(n)
+        self._notify_start(n)
+
+    def end_step(self) -> None:
+        n = self.current_step
+        if n is None:
+            return
+        self._notify_end(n)
+        with self._lock:
+            self._end_locked()
+
+    def _start_locked(self, n: int) -> None:
+        self._current = _Step(step=n, started=time.perf_counter(), data_s=self._data_carry)
+        self._data_carry = 0.0
+
+    def _notify_start(self, n: int) -> None:
+        self.chaos.at_step_start(n)
+        for listener in self._listeners:
+            try:
+                listener.on_step_start(n)
+            except Exception:
+                log.debug("vigil: step listener failed", exc_info=True)
+
+    def _notify_end(self, n: int) -> None:
+        for listener in self._listeners:
+            try:
+                listener.on_step_end(n)
+            except Exception:
+                log.debug("vigil: step listener failed", exc_info=True)
+        self.chaos.at_step_end(n)
+
+    def tick_optimizer_step(self) -> None:
+        """After every ``optimizer.step()``, for scripts that do not mark steps: the step
+        that just ended closes and the next one starts. The first call only starts step 0,
+        so setup time is never counted as a step."""
+        if self._explicit_steps:
+            return
+        ending = self.current_step
+        if ending is not None:
+            self._notify_end(ending)
+        n = self._next_step
+        self._next_step = n + 1
+        with self._lock:
+            self._end_locked()
+            self._emit_pending_locked()
+            self._start_locked(n)
+        self._notify_start(n)
+
+    def _end_locked(self) -> None:
+        cur = self._current
+        if cur is None:
+            return
+        now = time.perf_counter()
+        cur.duration_s = now - cur.started
+        cur.ts = time.time()
+        cur.ended_at = time.monotonic()
+        cur.mem_bytes = memory_bytes()
+        self._pending, self._current = cur, None
+        self._flush_collectives_locked(cur.step)
+
+    def _emit_pending_locked(self) -> None:
+        p = self._pending
+        if p is None:
+            return
+        self._pending = None
+        event: Event = {
+            "type": "step",
+            "step": p.step,
+            "ts": p.ts,
+            "duration_s": p.duration_s,
+            "comm_s": p.comm_s,
+            "data_s": p.data_s,
+        }
+        if p.mem_bytes is not None:
+            event["mem_bytes"] = p.mem_bytes
+        if p.opseq is not None:
+            event["opseq"] = p.opseq
+        event.update(p.fields)
+        self.worker.submit(event)
+
+    @property
+    def current_step(self) -> int | None:
+        cur = self._current
+        return cur.step if cur is not None else None
+
+    # -- metrics -----------------------------------------------------------------------
+
+    def log(self, step: int | None = None, **metrics: Any) -> None:
+        with self._lock:
+            target = self._current or self._pending
+            if step is not None and target is not None and target.step != step:
+                target = None
+            for name, raw in metrics.items():
+                value = to_float(raw)
+                if value is None:
+                    self.worker.drop("bad_metric")
+                    continue
+                if target is not None and name in STEP_FIELDS:
+                    target.fields[name] = int(value) if name == "tokens" else value
+                else:
+                    at = step if step is not None else (target.step if target else None)
+                    event: Event = {
+                        "type": "metric",
+                        "name": name,
+                        "value": value,
+                        "ts": time.time(),
+                    }
+                    if at is not None:
+                        event["step"] = at
+                    self.worker.submit(event)
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Time spent waiting for input; outside a step it counts towards the next one
+        (``for batch in loader: with vigil.step(n): …`` fetches before the step starts)."""
+        cur = self._current
+        if cur is not None:
+            cur.data_s += seconds
+        else:
+            self._data_carry += seconds
+
+    def set_opseq(self, fingerprint: str) -> None:
+        cur = self._current
+        if cur is not None:
+            cur.opseq = fingerprint
+
+    def event(self, name: str, **attrs: Any) -> None:
+        ev: Event = {"type": "event", "name": name, "ts": time.time(), "attrs": attrs}
+        step = self.current_step
+        if step is not None:
+            ev["step"] = step
+        self.worker.submit(ev)
+
+    def submit(self, event: Event) -> None:
+        self.worker.submit(event)
+
+    # -- collectives -------------------------------------------------------------------
+
+    def collective_begin(
+        self, group: str, op: str, nbytes: int, members: list[int] | None = None
+    ) -> Collective:
+        with self._lock:
+            seq = self._seq.get(group, 0) + 1
+            self._seq[group] = seq
+            self._members.setdefault(group, members)
+            call = Collective(
+                group, op, seq, nbytes, time.time(), time.perf_counter(), self.current_step, members
+            )
+            self._inflight[id(call)] = call
+        return call
+
+    def collective_end(self, call: Collective, duration_s: float | None = None) -> None:
+        if duration_s is None:
+            duration_s = time.perf_counter() - call.started
+        if self.chaos:
+            duration_s += self.chaos.collective_delay(duration_s)
+        with self._lock:
+            self._inflight.pop(id(call), None)
+            key = (call.group, call.op, call.step)
+            agg = self._agg.get(key)
+            if agg is None:
+                self._agg[key] = [1, call.nbytes, duration_s, call.seq]
+            else:
+                agg[0] += 1
+                agg[1] += call.nbytes
+                agg[2] += duration_s
+                agg[3] = max(agg[3], call.seq)
+            cur = self._current
+            if cur is not None and call.step == cur.step:
+                cur.comm_s += duration_s
+
+    def _flush_collectives_locked(self, step: int | None) -> None:
+        """Emit aggregates of ``step`` (and of calls outside any step)."""
+        for key in [k for k in self._agg if k[2] == step or k[2] is None]:
+            count, nbytes, duration, seq = self._agg.pop(key)
+            group, op, at = key
+            event: Event = {
+                "type": "collective",
+                "group": group,
+                "op": op,
+                "seq": seq,
+                "bytes": nbytes,
+                "duration_s": duration,
+                "count": count,
+            }
+            if at is not None:
+                event["step"] = at
+            members = self._members.get(group)
+            if members is not None:
+                event["members"] = members
+            self.worker.submit(event)
+
+    def inflight(self) -> Collective | None:
+        """The oldest collective this rank is inside right now."""
+        with self._lock:
+            if not self._inflight:
+                return None
+            return min(self._inflight.values(), key=lambda c: c.started)
+
+    # -- heartbeat (worker thread) -----------------------------------------------------
+
+    def _tick(self) -> list[Event]:
+        with self._lock:
+            p = self._pending
+            if p is not None and time.monotonic() - p.ended_at > self.config.flush_s:
+                self._emit_pending_locked()
+            cur = self._current
+            step = cur.step if cur is not None else (p.step + 1 if p is not None else None)
+        beat: Event = {"type": "heartbeat", "ts": time.time(), "pid": os.getpid()}
+        if step is not None:
+            beat["step"] = step
+        call = self.inflight()
+        if call is not None:
+            beat["inflight"] = {
+                "group": call.group,
+                "op": call.op,
+                "seq": call.seq,
+                "since": call.since,
+            }
+        if self.worker.dropped:
+            beat["dropped"] = dict(self.worker.dropped)
+        return [beat]
+
+    # -- actions -----------------------------------------------------------------------
+
+    def register_action(self, kind: str, handler: ActionHandler) -> None:
+        self._handlers[kind] = handler
+
+    def _on_actions(self, actions: list[dict[str, Any]]) -> None:
+        for action in actions:
+            action_id = str(action.get("id", ""))
+            with self._action_lock:
+                if not action_id or action_id in self._seen_actions:
+                    continue
+                self._seen_actions.add(action_id)
+            threading.Thread(
+                target=self._run_action, args=(action,), name="vigil-action", daemon=True
+            ).start()
+
+    def _run_action(self, action: dict[str, Any]) -> None:
+        kind = str(action.get("kind", ""))
+        params = dict(action.get("params") or {})
+        self._ack(action, "acked", None)
+        if kind == "exit_for_restart":
+            code = int(params.get("exit_code", builtin_actions.RESTART_EXIT_CODE))
+            self._ack(action, "succeeded", {"exit_code": code, "pid": os.getpid()})
+            builtin_actions.exit_for_restart(self, code)
+            return
+        handler = self._handlers.get(kind)
+        if handler is None:
+            self._ack(action, "failed", {"error": f"no handler for {kind!r} on this rank"})
+            return
+        try:
+            result = handler(params)
+        except Exception as exc:
+            log.warning("vigil: action %s failed", kind, exc_info=True)
+            self._ack(action, "failed", {"error": f"{type(exc).__name__}: {exc}"})
+            return
+        if not isinstance(result, dict):
+            result = {} if result is None else {"value": repr(result)[:1000]}
+        self._ack(action, "succeeded", result)
+
+    def _ack(self, action: dict[str, Any], state: str, result: dict[str, Any] | None) -> None:
+        event: Event = {"type": "action", "id": action.get("id"), "state": state, "ts": time.time()}
+        if result is not None:
+            event["result"] = result
+        self.submit(event)
+        if state != "acked":
+            self.worker.flush(self.config.exit_timeout_s)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if self._current is None:
+                self._emit_pending_locked()
+            self._flush_collectives_locked(None)
+        return self.worker.flush(timeout if timeout is not None else self.config.timeout_s)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        with self._lock:
+            if self._current is not None:
+                self._end_locked()
+            self._emit_pending_locked()
+        self.worker.shutdown(timeout)
+
+
+def to_float(value: Any) -> float | None:
+    """A metric value as float: numbers, 0-d tensors (``.item()``), numpy scalars."""
+    try:
+        if hasattr(value, "item"):
+            value = value.item()
+        out = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return out if not isinstance(out, bool) else float(out)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def memory_bytes() -> int | None:
+    """Peak CUDA allocator memory when on GPU, else current process RSS (Linux)."""
+    torch = _torch_if_loaded()
+    if torch is not None:
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                peak = int(torch.cuda.max_memory_allocated())
+                torch.cuda.reset_peak_memory_stats()
+                return peak
+        except Exception:
+            pass
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _torch_if_loaded() -> Any:
+    import sys
+
+    return sys.modules.get("torch")

@@ -1,0 +1,92 @@
+"""HTTP transport: one POST per batch to ``/api/v1/ingest``, standard library only.
+
+``send`` never raises. It returns an ``Outcome`` telling the worker whether the batch was
+delivered, must be retried (and after how long), or was refused for good.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("vigil.collector")
+
+GZIP_ABOVE = 1024  # bytes; smaller bodies are not worth compressing
+
+
+@dataclass
+class Outcome:
+    delivered: bool
+    retry_after: float | None = None  # seconds, when the batch should be tried again
+    reason: str = ""  # why it was not delivered
+    actions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Backoff:
+    """Exponential backoff with full jitter: 0.5 s, 1 s, 2 s, … capped, randomised."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.failures = base, cap, 0
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        return random.uniform(self.base / 2, min(self.cap, self.base * 2 ** (self.failures - 1)))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class HttpTransport:
+    def __init__(self, endpoint: str, token: str | None, timeout_s: float) -> None:
+        self.url = endpoint.rstrip("/") + "/api/v1/ingest"
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def send(self, batch: dict[str, Any]) -> Outcome:
+        try:
+            body = json.dumps(batch, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            log.warning("vigil: dropping a batch that cannot be encoded: %s", exc)
+            return Outcome(False, reason="unencodable")
+        headers = {"Content-Type": "application/json", "User-Agent": "vigil-collector"}
+        if len(body) > GZIP_ABOVE:
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                payload = json.loads(reply.read() or b"{}")
+            actions = payload.get("actions") or []
+            return Outcome(True, actions=actions if isinstance(actions, list) else [])
+        except urllib.error.HTTPError as exc:
+            return self._http_error(exc)
+        except (OSError, ValueError) as exc:  # refused, reset, timeout, bad JSON reply
+            return Outcome(False, retry_after=-1, reason=f"unreachable: {exc}")
+
+    def _http_error(self, exc: urllib.error.HTTPError) -> Outcome:
+        status = exc.code
+        if status == 429 or status == 503:
+            return Outcome(False, retry_after=_retry_after(exc), reason=f"http {status}")
+        if status >= 500 or status in (408, 425):
+            return Outcome(False, retry_after=-1, reason=f"http {status}")
+        # 4xx: the server will never take this batch; retrying would only block the queue.
+        try:
+            detail = exc.read()[:500].decode(errors="replace")
+        except OSError:
+            detail = ""
+        return Outcome(False, reason=f"rejected {status}: {detail}")
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> float:
+    try:
+        return max(0.0, float(exc.headers.get("Retry-After", "1")))
+    except (TypeError, ValueError):
+        return 1.0
