@@ -172,7 +172,9 @@ else:
             raise typer.Exit(1)
         console.print(f"token {token_id} revoked")
 
-    def _endpoint_and_token(endpoint: str | None, token: str | None) -> tuple[str, str]:
+    def _endpoint_and_token(
+        endpoint: str | None, token: str | None, scope: str = "read"
+    ) -> tuple[str, str]:
         settings = _settings()
         endpoint = (
             endpoint
@@ -181,8 +183,8 @@ else:
         )
         token = token or os.environ.get("VIGIL_TOKEN")
         if not token:
-            admin = [t for t, scopes in settings.bootstrap_tokens().items() if "read" in scopes]
-            token = admin[0] if admin else ""
+            usable = [t for t, scopes in settings.bootstrap_tokens().items() if scope in scopes]
+            token = usable[0] if usable else ""
         return endpoint.rstrip("/"), token
 
     @app.command()
@@ -230,6 +232,25 @@ else:
         from backend.demo import run_demo
 
         raise typer.Exit(run_demo(console=console, port=port, database_url=database, fast=fast))
+
+    @app.command(context_settings={"allow_interspersed_args": False})
+    def run(
+        command: Annotated[list[str], typer.Argument(help="The command, after --")],
+        job: Annotated[str | None, typer.Option(help="Job name [VIGIL_JOB]")] = None,
+        endpoint: Annotated[str | None, typer.Option(help="Server URL [VIGIL_ENDPOINT]")] = None,
+        token: Annotated[str | None, typer.Option(help="Ingest token [VIGIL_TOKEN]")] = None,
+        chaos: Annotated[
+            str | None, typer.Option(help="Faults to inject, see collector/chaos.py")
+        ] = None,
+    ) -> None:
+        """Run a command (typically torchrun …) with the collector set up in every rank.
+
+        vigil run --job llama -- torchrun --nproc-per-node 8 train.py
+        """
+        from backend.launch import launch
+
+        url, bearer = _endpoint_and_token(endpoint, token, scope="ingest")
+        raise typer.Exit(launch(command, endpoint=url, token=bearer, job=job, chaos=chaos))
 
     def main() -> None:
         app()

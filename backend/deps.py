@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 from sqlalchemy.orm import Session
+
+from backend.db import WRITE_TRANSACTION
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    """A session per request; commits if the handler returns, rolls back if it raises."""
+    """A session per request; commits if the handler returns, rolls back if it raises.
+
+    Requests that change things start a write transaction at once (on SQLite a deferred
+    transaction that reads, then writes, fails immediately when another writer is active).
+    """
     session: Session = request.app.state.sessionmaker()
     try:
+        if request.method not in READ_METHODS:
+            session.connection(execution_options={WRITE_TRANSACTION: True})
         yield session
         session.commit()
     except BaseException:
@@ -19,3 +30,7 @@ def get_session(request: Request) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+# scope="function": commit before the response is sent, so a 2xx means it is stored.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]

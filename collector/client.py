@@ -10,6 +10,7 @@ starts (or a heartbeat finds it stale), so ``vigil.log(loss=…)`` written after
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -93,6 +94,9 @@ class Client:
             config.endpoint or "", config.token, config.timeout_s
         )
         self.worker = Worker(config, transport, tick=self._tick, on_actions=self._on_actions)
+        # Registered after the worker's own hook, so it runs first (atexit is LIFO) and
+        # the last step record is queued before the worker's final flush.
+        atexit.register(self._atexit)
 
     # -- steps -------------------------------------------------------------------------
 
@@ -347,7 +351,7 @@ class Client:
         kind = str(action.get("kind", ""))
         params = dict(action.get("params") or {})
         self._ack(action, "acked", None)
-        if kind == "exit_for_restart":
+        if kind in ("exit_for_restart", "restart"):
             code = int(params.get("exit_code", builtin_actions.RESTART_EXIT_CODE))
             self._ack(action, "succeeded", {"exit_code": code, "pid": os.getpid()})
             builtin_actions.exit_for_restart(self, code)
@@ -382,6 +386,12 @@ class Client:
                 self._emit_pending_locked()
             self._flush_collectives_locked(None)
         return self.worker.flush(timeout if timeout is not None else self.config.timeout_s)
+
+    def _atexit(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            log.debug("vigil: error while flushing at exit", exc_info=True)
 
     def shutdown(self, timeout: float | None = None) -> None:
         with self._lock:

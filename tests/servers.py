@@ -39,7 +39,13 @@ def run_vigil(
 @contextmanager
 def live_server(database_url: str, **extra_env: str) -> Iterator[str]:
     """``vigil server`` on a free port; yields its base URL and stops it afterwards."""
-    port = free_port()
+    with live_server_on(database_url, free_port(), **extra_env) as base:
+        yield base
+
+
+@contextmanager
+def live_server_on(database_url: str, port: int, **extra_env: str) -> Iterator[str]:
+    """``vigil server`` on ``port`` (to restart a server where clients expect it)."""
     proc = subprocess.Popen(
         [*VIGIL, "server", "--port", str(port), "--migrate"],
         env=vigil_env(database_url, **extra_env),

@@ -12,11 +12,10 @@ from backend.actions.models import Action
 from backend.actions.schemas import ActionCreate, ActionOut
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
-from backend.deps import get_session
+from backend.deps import SessionDep
 from backend.jobs.service import get_job_id
 
 router = APIRouter(prefix="/api/v1", tags=["actions"])
-SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def _out(action: Action, job: str) -> ActionOut:

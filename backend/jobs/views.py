@@ -9,14 +9,13 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from sqlalchemy.orm import Session
 
 from backend.auth.deps import require_scope
-from backend.deps import get_session
+from backend.deps import SessionDep
 from backend.jobs import service
 from backend.jobs.schemas import JobDetail, JobOut, RankOut, StepOut, StepPage
 
 router = APIRouter(
     prefix="/api/v1/jobs", tags=["jobs"], dependencies=[Depends(require_scope("read"))]
 )
-SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def _job_id(session: Session, job: str) -> int:

@@ -3,14 +3,11 @@ other user-supplied text are escaped, never trusted as HTML."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
-from sqlalchemy.orm import Session
 
-from backend.deps import get_session
+from backend.deps import SessionDep
 from backend.jobs import service as jobs
 from frontend import TEMPLATES_DIR
 
@@ -19,7 +16,7 @@ templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
 
 @router.get("/", response_class=HTMLResponse)
-def jobs_page(request: Request, session: Annotated[Session, Depends(get_session)]) -> HTMLResponse:
+def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
     """The job list. Open only in development: the signed-in dashboard comes with the UI
     work; until then, production deployments read through the API with a token."""
     if request.app.state.settings.env != "development":

@@ -1,0 +1,73 @@
+"""``vigil run -- <command>``: launch any command with the collector configured.
+
+The child gets ``VIGIL_ENDPOINT``, ``VIGIL_TOKEN``, ``VIGIL_JOB`` (and ``VIGIL_CHAOS`` when
+asked), and ``collector/_autoinit`` on ``PYTHONPATH``, whose ``sitecustomize`` calls
+``collector.init()`` in each rank, so an unmodified training script reports too (steps come
+from the optimizer hook). Signals reach the child; its exit code is returned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import collector
+
+AUTOINIT_DIR = Path(collector.__file__).resolve().parent / "_autoinit"
+LAUNCHERS = re.compile(r"(^|/)torchrun$|torch\.distributed\.(run|launch)")
+
+
+def child_env(
+    command: list[str],
+    *,
+    endpoint: str,
+    token: str,
+    job: str | None,
+    chaos: str | None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["VIGIL_ENDPOINT"] = endpoint
+    if token:
+        env["VIGIL_TOKEN"] = token
+    env["VIGIL_JOB"] = job or env.get("VIGIL_JOB") or default_job_name(command)
+    if chaos:
+        env["VIGIL_CHAOS"] = chaos
+    launcher = any(LAUNCHERS.search(part) for part in command[:3])
+    env["VIGIL_AUTOINIT"] = "ranks" if launcher else "1"
+    env.pop("VIGIL_AUTOINIT_DONE", None)
+    # The folder holding `collector` too, for commands run outside this environment.
+    roots = [str(AUTOINIT_DIR), str(AUTOINIT_DIR.parent.parent)]
+    env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def default_job_name(command: list[str]) -> str:
+    scripts = [Path(p).stem for p in command if p.endswith(".py")]
+    name = scripts[0] if scripts else Path(command[0]).name
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def launch(
+    command: list[str], *, endpoint: str, token: str, job: str | None, chaos: str | None
+) -> int:
+    if not command:
+        raise SystemExit("vigil run: give the command after --, e.g. vigil run -- torchrun …")
+    env = child_env(command, endpoint=endpoint, token=token, job=job, chaos=chaos)
+    print(f"vigil: job {env['VIGIL_JOB']!r} reporting to {endpoint}", flush=True)
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        print(f"vigil run: command not found: {command[0]}", flush=True)
+        return 127
+    forward = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda sig, _f: proc.send_signal(sig)) for s in forward}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,163 @@
+"""A small GPT-style model trained with DDP over gloo on CPU, reporting to Vigil.
+
+    vigil run --job tiny-gpt -- torchrun --standalone --nproc-per-node 2 \\
+        examples/train_tiny_gpt.py --steps 200 --ckpt-dir /tmp/tiny-gpt
+
+The Vigil lines are the two-line integration (``init`` is a no-op without an endpoint, so
+the script runs the same without Vigil). It checkpoints every ``--ckpt-every`` steps and
+resumes from the newest checkpoint, so a restart by ``torchrun --max-restarts`` loses at
+most that many steps. Data is synthetic: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import collector as vigil
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, seq, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
+        for block in self.blocks:
+            x = block(x, self.mask[: idx.shape[1], : idx.shape[1]])
+        return self.head(self.ln(x))
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--ckpt-dir", type=Path, default=None)
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument(
+        "--no-step-marks",
+        action="store_true",
+        help="don't call vigil.step(): steps then come from the optimizer hook",
+    )
+    return p.parse_args()
+
+
+def latest_checkpoint(ckpt_dir: Path | None) -> Path | None:
+    if ckpt_dir is None or not ckpt_dir.exists():
+        return None
+    found = sorted(ckpt_dir.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]))
+    return found[-1] if found else None
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    vigil.init()  # configured by VIGIL_* (vigil run sets them); a no-op without an endpoint
+
+    torch.manual_seed(0)
+    model = TinyGPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    start = 0
+    ckpt = latest_checkpoint(args.ckpt_dir)
+    if ckpt is not None:
+        state = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+        vigil.event("checkpoint_loaded", step=state["step"], path=str(ckpt))
+        if rank == 0:
+            print(f"resumed from {ckpt} at step {start}", flush=True)
+    ddp = DDP(model)
+
+    @vigil.on_action("checkpoint_now")
+    def checkpoint_now(params: dict) -> dict:
+        return {"saved": save(step_now[0], force=True)}
+
+    def save(step: int, force: bool = False) -> str | None:
+        if args.ckpt_dir is None or rank != 0 or (step % args.ckpt_every and not force):
+            return None
+        args.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        path = args.ckpt_dir / f"step-{step}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+        os.replace(tmp, path)
+        vigil.event("checkpoint_saved", step=step, path=str(path))
+        return str(path)
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    step_now = [start]
+    started = time.perf_counter()
+    for step in range(start, args.steps):
+        step_now[0] = step
+        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen)
+        marker = vigil.step(step) if not args.no_step_marks else _nullcontext()
+        with marker:
+            logits = ddp(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        vigil.log(loss=loss.item(), grad_norm=float(grad_norm), tokens=tokens.numel())
+        save(step)
+        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+            value = loss.item()
+            print(
+                f"step {step} loss {value:.3f}" + (" (NaN!)" if math.isnan(value) else ""),
+                flush=True,
+            )
+    if rank == 0:
+        print(
+            f"done: {args.steps - start} steps in {time.perf_counter() - started:.1f}s", flush=True
+        )
+    vigil.shutdown()
+    dist.destroy_process_group()
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    main()
