@@ -27,7 +27,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
-from collector.client import ActionHandler, Client
+from collector.actions import ActionHandler
+from collector.client import Client
 from collector.config import Config
 
 __all__ = [

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +24,76 @@ log = logging.getLogger("vigil.collector")
 # 75 is EX_TEMPFAIL: "try again", and easy to tell apart from a crash in the logs.
 RESTART_EXIT_CODE = 75
 MAX_FRAMES = 64
+RESTART_KINDS = ("exit_for_restart", "restart")
+
+ActionHandler = Callable[[dict[str, Any]], Any]
+
+
+class ActionRunner:
+    """Runs actions from ingest replies, each on its own thread, and reports back.
+
+    Each action id runs once per process (the backend re-sends until it hears back). The
+    rank reports ``acked`` at once, then ``succeeded`` with the handler's result or
+    ``failed`` with the error.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.handlers: dict[str, ActionHandler] = {
+            "dump_stacks": lambda params: dump_stacks(client, params),
+        }
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+
+    def register(self, kind: str, handler: ActionHandler) -> None:
+        self.handlers[kind] = handler
+
+    def dispatch(self, actions: list[dict[str, Any]]) -> None:
+        for action in actions:
+            action_id = str(action.get("id", ""))
+            with self._lock:
+                if not action_id or action_id in self._seen:
+                    continue
+                self._seen.add(action_id)
+            threading.Thread(
+                target=self.run, args=(action,), name="vigil-action", daemon=True
+            ).start()
+
+    def run(self, action: dict[str, Any]) -> None:
+        kind = str(action.get("kind", ""))
+        params = dict(action.get("params") or {})
+        self.report(action, "acked", None)
+        if kind in RESTART_KINDS:
+            code = int(params.get("exit_code", RESTART_EXIT_CODE))
+            self.report(action, "succeeded", {"exit_code": code, "pid": os.getpid()})
+            exit_for_restart(self.client, code)
+            return
+        handler = self.handlers.get(kind)
+        if handler is None:
+            self.report(action, "failed", {"error": f"no handler for {kind!r} on this rank"})
+            return
+        try:
+            result = handler(params)
+        except Exception as exc:
+            log.warning("vigil: action %s failed", kind, exc_info=True)
+            self.report(action, "failed", {"error": f"{type(exc).__name__}: {exc}"})
+            return
+        if not isinstance(result, dict):
+            result = {} if result is None else {"value": repr(result)[:1000]}
+        self.report(action, "succeeded", result)
+
+    def report(self, action: dict[str, Any], state: str, result: dict[str, Any] | None) -> None:
+        event: dict[str, Any] = {
+            "type": "action",
+            "id": action.get("id"),
+            "state": state,
+            "ts": time.time(),
+        }
+        if result is not None:
+            event["result"] = result
+        self.client.submit(event)
+        if state != "acked":  # the outcome goes out now, not with the next batch
+            self.client.worker.flush(self.client.config.exit_timeout_s)
 
 
 def dump_stacks(client: Client, params: dict[str, Any]) -> dict[str, Any]:

@@ -15,11 +15,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector import actions as builtin_actions
+from collector.actions import ActionHandler, ActionRunner
 from collector.chaos import Chaos
 from collector.config import Config
 from collector.transport import HttpTransport
@@ -28,7 +27,6 @@ from collector.worker import Event, Worker
 log = logging.getLogger("vigil.collector")
 
 STEP_FIELDS = ("loss", "grad_norm", "tokens")
-ActionHandler = Callable[[dict[str, Any]], Any]
 
 
 @dataclass
@@ -85,15 +83,11 @@ class Client:
         self._inflight: dict[int, Collective] = {}
         self._seq: dict[str, int] = {}
         self._members: dict[str, list[int] | None] = {}
-        self._handlers: dict[str, ActionHandler] = {
-            "dump_stacks": lambda params: builtin_actions.dump_stacks(self, params),
-        }
-        self._action_lock = threading.Lock()
-        self._seen_actions: set[str] = set()
+        self.actions = ActionRunner(self)
         transport = transport or HttpTransport(
             config.endpoint or "", config.token, config.timeout_s
         )
-        self.worker = Worker(config, transport, tick=self._tick, on_actions=self._on_actions)
+        self.worker = Worker(config, transport, tick=self._tick, on_actions=self.actions.dispatch)
         # Registered after the worker's own hook, so it runs first (atexit is LIFO) and
         # the last step record is queued before the worker's final flush.
         atexit.register(self._atexit)
@@ -334,49 +328,7 @@ class Client:
     # -- actions -----------------------------------------------------------------------
 
     def register_action(self, kind: str, handler: ActionHandler) -> None:
-        self._handlers[kind] = handler
-
-    def _on_actions(self, actions: list[dict[str, Any]]) -> None:
-        for action in actions:
-            action_id = str(action.get("id", ""))
-            with self._action_lock:
-                if not action_id or action_id in self._seen_actions:
-                    continue
-                self._seen_actions.add(action_id)
-            threading.Thread(
-                target=self._run_action, args=(action,), name="vigil-action", daemon=True
-            ).start()
-
-    def _run_action(self, action: dict[str, Any]) -> None:
-        kind = str(action.get("kind", ""))
-        params = dict(action.get("params") or {})
-        self._ack(action, "acked", None)
-        if kind in ("exit_for_restart", "restart"):
-            code = int(params.get("exit_code", builtin_actions.RESTART_EXIT_CODE))
-            self._ack(action, "succeeded", {"exit_code": code, "pid": os.getpid()})
-            builtin_actions.exit_for_restart(self, code)
-            return
-        handler = self._handlers.get(kind)
-        if handler is None:
-            self._ack(action, "failed", {"error": f"no handler for {kind!r} on this rank"})
-            return
-        try:
-            result = handler(params)
-        except Exception as exc:
-            log.warning("vigil: action %s failed", kind, exc_info=True)
-            self._ack(action, "failed", {"error": f"{type(exc).__name__}: {exc}"})
-            return
-        if not isinstance(result, dict):
-            result = {} if result is None else {"value": repr(result)[:1000]}
-        self._ack(action, "succeeded", result)
-
-    def _ack(self, action: dict[str, Any], state: str, result: dict[str, Any] | None) -> None:
-        event: Event = {"type": "action", "id": action.get("id"), "state": state, "ts": time.time()}
-        if result is not None:
-            event["result"] = result
-        self.submit(event)
-        if state != "acked":
-            self.worker.flush(self.config.exit_timeout_s)
+        self.actions.register(kind, handler)
 
     # -- lifecycle ---------------------------------------------------------------------
 
