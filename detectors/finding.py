@@ -1,7 +1,7 @@
 """The one result type every detector returns.
 
     Finding(kind="straggler", severity="warning", ranks=(6,), first_step=1810, score=7.5,
-            summary="rank 6 computes 2.1× slower than the median rank since step 1810",
+            summary="rank 6 computes 2.1x slower than the median rank since step 1810",
             evidence={"median_compute_s": 0.43, "rank_compute_s": 0.91},
             key="straggler:6")
 

@@ -109,7 +109,7 @@ class _Throttling(BaseHTTPRequestHandler):
 
     calls: list[tuple[float, str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         batch_id = json.loads(
             __import__("gzip").decompress(body)
