@@ -19,6 +19,7 @@ from backend import __version__
 from backend.actions.views import router as actions_router
 from backend.auth.service import TokenVerifier
 from backend.db import make_engine, make_sessionmaker
+from backend.incidents.views import router as incidents_router
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
 from backend.ingest.views import router as ingest_router
@@ -54,6 +55,7 @@ def create_app(
     app.include_router(ingest_router)
     app.include_router(jobs_router)
     app.include_router(actions_router)
+    app.include_router(incidents_router)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
 

@@ -1,0 +1,134 @@
+"""Findings become incidents: opened once, updated while they last, resolved when cleared."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.incidents.service import apply_findings
+from detectors.finding import Finding
+from tests.conftest import ADMIN, INGEST
+from tests.factories import batch, step
+
+JOB = "llama-8b-pretrain"
+
+
+def straggler(rank: int = 6, *, active: bool = True, first: int = 1810, ratio: float = 1.7):
+    return Finding(
+        kind="straggler",
+        severity="critical",
+        ranks=(rank,),
+        first_step=first,
+        score=7.0,
+        summary=f"rank {rank} is {ratio}x slower",
+        key=f"straggler:{rank}",
+        evidence={"ratio": ratio},
+        active=active,
+        last_step=None if active else first + 80,
+    )
+
+
+@pytest.fixture
+def job_id(client, session):  # type: ignore[no-untyped-def]
+    client.post("/api/v1/ingest", json=batch([step(1)]), headers=INGEST)
+    from sqlalchemy import select
+
+    from backend.jobs.models import Job
+
+    return session.scalar(select(Job.id))
+
+
+def incidents(client):  # type: ignore[no-untyped-def]
+    reply = client.get(f"/api/v1/jobs/{JOB}/incidents", headers=ADMIN)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_open_update_resolve(client, session, job_id):
+    first = apply_findings(
+        session=session, job_id=job_id, findings=[straggler()], covered_kinds={"straggler"}
+    )
+    session.commit()
+    assert len(first.opened) == 1
+    again = apply_findings(
+        session=session, job_id=job_id, findings=[straggler(ratio=1.9)], covered_kinds={"straggler"}
+    )
+    session.commit()
+    assert (again.opened, len(again.updated)) == ([], 1)
+    [row] = incidents(client)
+    assert (row["kind"], row["status"], row["ranks"], row["first_step"]) == (
+        "straggler",
+        "open",
+        [6],
+        1810,
+    )
+    assert row["evidence"] == {"ratio": 1.9}
+    assert set(row) >= {
+        "id",
+        "job",
+        "kind",
+        "severity",
+        "status",
+        "ranks",
+        "first_step",
+        "detected_at",
+        "resolved_at",
+        "summary",
+        "evidence",
+    }
+
+    cleared = apply_findings(
+        session=session, job_id=job_id, findings=[], covered_kinds={"straggler"}
+    )
+    session.commit()
+    assert len(cleared.resolved) == 1
+    [row] = incidents(client)
+    assert row["status"] == "resolved" and row["resolved_at"] is not None
+    one = client.get(f"/api/v1/incidents/{row['id']}", headers=ADMIN).json()
+    assert one["id"] == row["id"] and one["job"] == JOB
+
+
+def test_a_run_that_did_not_cover_the_kind_leaves_it_open(client, session, job_id):
+    apply_findings(
+        session=session, job_id=job_id, findings=[straggler()], covered_kinds={"straggler"}
+    )
+    apply_findings(session=session, job_id=job_id, findings=[], covered_kinds={"hang", "crash"})
+    session.commit()
+    assert incidents(client)[0]["status"] == "open"
+
+
+def test_transient_episode_is_recorded_resolved_once(client, session, job_id):
+    for _ in range(3):
+        apply_findings(
+            session=session,
+            job_id=job_id,
+            findings=[straggler(active=False)],
+            covered_kinds={"straggler"},
+        )
+    session.commit()
+    [row] = incidents(client)
+    assert row["status"] == "resolved"
+    assert row["evidence"]["last_step"] == 1890
+
+
+def test_transient_end_resolves_the_open_incident(client, session, job_id):
+    apply_findings(
+        session=session, job_id=job_id, findings=[straggler()], covered_kinds={"straggler"}
+    )
+    changes = apply_findings(
+        session=session,
+        job_id=job_id,
+        findings=[straggler(active=False)],
+        covered_kinds={"straggler"},
+    )
+    session.commit()
+    assert len(changes.resolved) == 1
+    assert [r["status"] for r in incidents(client)] == ["resolved"]
+
+
+def test_incidents_api_errors(client, job_id):
+    assert client.get("/api/v1/jobs/nope/incidents", headers=ADMIN).status_code == 404
+    assert client.get("/api/v1/incidents/999999", headers=ADMIN).status_code == 404
+    assert client.get(f"/api/v1/jobs/{JOB}/incidents", headers=INGEST).status_code == 403
+    assert (
+        client.get(f"/api/v1/jobs/{JOB}/incidents?status=bogus", headers=ADMIN).status_code == 422
+    )
