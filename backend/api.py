@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -19,6 +21,7 @@ from backend import __version__
 from backend.actions.views import router as actions_router
 from backend.auth.service import TokenVerifier
 from backend.db import make_engine, make_sessionmaker
+from backend.detection.scheduler import DetectionLoop
 from backend.incidents.views import router as incidents_router
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
@@ -41,7 +44,27 @@ def create_app(
     engine = engine or make_engine(settings.database_url, pool_size=settings.db_pool_size)
     factory = session_factory or make_sessionmaker(engine)
 
+    detection = (
+        DetectionLoop(
+            factory,
+            interval_s=settings.detect_interval_s,
+            sweep_s=settings.sweep_interval_s,
+            window_steps=settings.detect_window_steps,
+        )
+        if settings.detect_interval_s > 0
+        else None
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if detection is not None:
+            detection.start()
+        yield
+        if detection is not None:
+            detection.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Vigil",
         version=__version__,
         summary="Observability and fault diagnosis for PyTorch training and LLM serving.",
@@ -51,6 +74,7 @@ def create_app(
     app.state.sessionmaker = factory
     app.state.verifier = TokenVerifier(factory, settings.bootstrap_tokens(), settings.token_cache_s)
     app.state.ingest_gate = IngestGate(settings.max_inflight_ingest)
+    app.state.detection = detection
 
     app.include_router(ingest_router)
     app.include_router(jobs_router)

@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     token_cache_s: float = Field(
         10.0, ge=0, description="How long a verified API token is trusted without a lookup."
     )
+    detect_interval_s: float = Field(
+        2.0, ge=0, description="Run detectors for jobs with new data this often; 0 disables."
+    )
+    sweep_interval_s: float = Field(
+        2.0, gt=0, description="Look for hangs and crashes (silent jobs) this often."
+    )
+    detect_window_steps: int = Field(200, ge=10, description="Steps the detectors look at.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("database_url")

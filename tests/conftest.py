@@ -108,7 +108,8 @@ def session(session_factory: sessionmaker[Session]) -> Iterator[Session]:
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    return Settings(database_url=db_url, env="development", token_cache_s=0)
+    # No background detection thread: it would share the test's connection.
+    return Settings(database_url=db_url, env="development", token_cache_s=0, detect_interval_s=0)
 
 
 @pytest.fixture

@@ -147,6 +147,8 @@ def _store(request: Request, body: bytes) -> Any:
         if "locked" in str(exc.orig).lower():
             return _throttled(settings, "database is busy")
         raise
+    if request.app.state.detection is not None and result.counts:
+        request.app.state.detection.mark(result.job_id)
     INGEST_SECONDS.observe(time.perf_counter() - started)
     INGEST_BATCHES.labels("duplicate" if result.duplicate else "stored").inc()
     for kind, n in result.counts.items():

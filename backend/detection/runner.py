@@ -1,0 +1,97 @@
+"""Run the detectors for a job and apply their findings as incidents.
+
+Two kinds of run:
+- ``detect_job`` after new data: the window detectors (stragglers, numerics, …);
+- ``sweep_job`` on a timer: hangs and crashes, which show as the *absence* of data.
+Both take a session and leave commit to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.db import utcnow
+from backend.detection.window import (
+    group_members,
+    load_window,
+    rank_states,
+    recent_step_durations,
+)
+from backend.incidents.service import Changes, apply_findings
+from backend.jobs.models import Rank
+from detectors import hang, straggler
+from detectors.finding import Finding
+
+log = logging.getLogger(__name__)
+
+WINDOW_KINDS = frozenset({"straggler"})
+SWEEP_KINDS = frozenset({"hang", "crash"})
+
+
+def detect_job(*, session: Session, job_id: int, width: int = 200) -> Changes:
+    window = load_window(session=session, job_id=job_id, width=width)
+    if window is None:
+        return Changes()
+    findings: list[Finding] = []
+    findings += straggler.detect_stragglers(
+        window.steps,
+        window.step_time,
+        comm_time=window.comm_time if window.has_comm else None,
+        ranks=window.ranks,
+    )
+    return apply_findings(
+        session=session, job_id=job_id, findings=findings, covered_kinds=WINDOW_KINDS
+    )
+
+
+def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:
+    states = [
+        hang.RankState(
+            rank=r.rank,
+            last_step=r.last_step,
+            current_step=r.current_step,
+            last_step_ts=r.last_step_ts,
+            last_heartbeat_ts=r.last_heartbeat_ts
+            if r.last_heartbeat_ts is not None
+            else (r.last_step_ts or 0.0),
+            inflight=_inflight(r.inflight),
+        )
+        for r in rank_states(session=session, job_id=job_id)
+    ]
+    if not states:
+        return Changes()
+    durations = np.asarray(recent_step_durations(session=session, job_id=job_id), dtype=float)
+    findings = hang.detect(
+        states,
+        now=now,
+        step_durations=durations,
+        groups=group_members(session=session, job_id=job_id) or None,
+    )
+    return apply_findings(
+        session=session, job_id=job_id, findings=findings, covered_kinds=SWEEP_KINDS
+    )
+
+
+def _inflight(raw: dict[str, object] | None) -> hang.Inflight | None:
+    if not raw:
+        return None
+    try:
+        return hang.Inflight(
+            group=str(raw["group"]),
+            op=str(raw["op"]),
+            seq=int(raw.get("seq") or 0),  # type: ignore[call-overload]
+            since=float(raw["since"]),  # type: ignore[arg-type]
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def active_jobs(*, session: Session, within_s: float = 3600) -> list[int]:
+    """Jobs that reported within ``within_s``: the ones a sweep should look at."""
+    since = utcnow() - timedelta(seconds=within_s)
+    return list(session.scalars(select(Rank.job_id).where(Rank.last_seen_at >= since).distinct()))
