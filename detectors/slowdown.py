@@ -1,0 +1,251 @@
+"""Job slowdowns: a sustained rise in step time, and the component that caused it.
+
+    findings = detect_slowdown(step_s, comm_s, data_s, steps=steps)
+
+Inputs are ``(R, S)`` arrays of seconds per rank and step (or ``(S,)`` job-level series):
+``step_s`` the whole step, ``comm_s`` the time in collectives, ``data_s`` the time waiting for
+the data loader; compute is ``step_s - comm_s - data_s``. Pass zeros for a component the
+collector does not measure (compute then absorbs it). Each series is reduced to the job's value
+per step by the cross-rank median (of at most ``max_sample_ranks`` evenly spaced ranks: in
+synchronous training every rank shares the step time, so a sample is as good as all of them).
+
+Method: one-sided CUSUM (Page, 1954) on ``log(step time)`` against a baseline, the median of
+the first ``baseline_steps`` valid steps. A shift of ``min_shift`` (15%) is ``d = log(1.15)``
+in log units; each step adds ``min(x - base, 3d) - d/2`` to a sum floored at zero, so steps
+at the baseline drain it and a shift of ``d`` fills it by ``d/2`` per step. It alarms at
+``h = max(min_steps * d/2, 5 * sigma**2 / (d/2))`` — ``min_steps`` steps of a 15% shift, or
+more where the baseline is noisy (sigma: robust spread of the baseline) — and the onset is the
+step after the sum last stood at zero. Capping each step at ``3d`` means a blip shorter than
+``min_steps / 5`` steps can never alarm, however tall. An alarm is reported when the median
+step time from the onset on is at least ``min_shift`` above the median before it, over at
+least ``min_steps`` steps. The episode ends at the first ``min_steps`` steps in a row back
+below ``base + d/2`` (``active=False``); the search then goes on for later episodes.
+
+Attribution: the component (compute, comm, data) whose median grew most in absolute seconds
+between the steps before the onset and the episode; kind ``slowdown``, key
+``slowdown:<component>``, no ranks (it is the whole job), score = relative rise (0.4 = 40%).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numpy.typing import NDArray
+
+from detectors.finding import Finding
+
+__all__ = ["COMPONENTS", "SlowdownConfig", "detect_slowdown"]
+
+COMPONENTS = ("compute", "comm", "data")
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class SlowdownConfig:
+    """Tuning for :func:`detect_slowdown`."""
+
+    min_shift: float = 0.15
+    """Smallest relative rise in step time that counts (0.15 = 15% slower)."""
+    min_steps: int = 10
+    """A rise must last this many steps; also the length of a recovery."""
+    baseline_steps: int = 20
+    """Valid steps at the start of the window that define the normal step time."""
+    noise_h: float = 5.0
+    """Alarm threshold in units of sigma**2 / k; raises it above ``min_steps * k`` when noisy."""
+    blip_cap: float = 3.0
+    """Each step adds at most this many ``log(1 + min_shift)`` to the CUSUM."""
+    max_sample_ranks: int = 256
+    """The per-step median uses at most this many evenly spaced ranks (cost stays O(S))."""
+
+
+def detect_slowdown(
+    step_s: npt.ArrayLike,
+    comm_s: npt.ArrayLike,
+    data_s: npt.ArrayLike,
+    *,
+    steps: npt.ArrayLike | None = None,
+    config: SlowdownConfig | None = None,
+) -> list[Finding]:
+    """Find sustained step-time rises and attribute each to compute, comm or data.
+
+    step_s, comm_s, data_s: ``(R, S)`` or ``(S,)`` float seconds; NaN where not reported.
+    steps: ``(S,)`` int, the training step of each column; default ``0..S-1``.
+
+    >>> t = np.r_[np.full(60, 0.50), np.full(40, 0.70)]
+    >>> [f.key for f in detect_slowdown(t, np.full(100, 0.1), np.zeros(100))]
+    ['slowdown:compute']
+    """
+    cfg = config or SlowdownConfig()
+    step_a, comm_a, data_a = (_as_2d_float(a) for a in (step_s, comm_s, data_s))
+    if not step_a.shape == comm_a.shape == data_a.shape:
+        raise ValueError(f"shapes differ: {step_a.shape}, {comm_a.shape}, {data_a.shape}")
+    n_steps = step_a.shape[1]
+    step_ids = _steps(steps, n_steps)
+    if n_steps == 0 or step_a.shape[0] == 0:
+        return []
+
+    rows = _sample_rows(step_a.shape[0], cfg.max_sample_ranks)
+    step_x, comm_x, data_x = (np.array(a[rows], dtype=np.float64) for a in (step_a, comm_a, data_a))
+    series = {
+        "step": _median_rows(step_x),
+        "compute": _median_rows(step_x - comm_x - data_x),
+        "comm": _median_rows(comm_x),
+        "data": _median_rows(data_x),
+    }
+    valid = np.flatnonzero(np.isfinite(series["step"]) & (series["step"] > 0))
+    if valid.size < cfg.baseline_steps + cfg.min_steps:
+        return []
+    job = {name: s[valid] for name, s in series.items()}
+    findings = []
+    before = np.ones(valid.size, dtype=bool)  # valid steps outside earlier episodes
+    for onset, end, active in _episodes(np.log(job["step"]), cfg):
+        prior = np.flatnonzero(before[:onset])
+        findings.append(_finding(job, step_ids[valid], prior, onset, end, active))
+        before[onset : end + 1] = False
+    return findings
+
+
+def _episodes(y: NDArray[np.float64], cfg: SlowdownConfig) -> list[tuple[int, int, bool]]:
+    """``(onset, end, active)`` index ranges (inclusive) of confirmed slowdowns in ``y``."""
+    n = y.size
+    base = float(np.median(y[: cfg.baseline_steps]))
+    sigma = _MAD_TO_SIGMA * float(np.median(np.abs(y[: cfg.baseline_steps] - base)))
+    d = math.log1p(cfg.min_shift)
+    k = d / 2
+    h = max(cfg.min_steps * k, cfg.noise_h * sigma**2 / k)
+    gain = np.minimum(y - base, cfg.blip_cap * d) - k
+    elevated = (y - base) >= k
+    # quiet[t]: steps t .. t+min_steps-1 are all back near the baseline (a recovery).
+    run = np.concatenate([[0], np.cumsum(~elevated)])
+    quiet = np.zeros(n, dtype=bool)
+    w = cfg.min_steps
+    if n >= w:
+        quiet[: n - w + 1] = (run[w:] - run[: n - w + 1]) == w
+
+    out: list[tuple[int, int, bool]] = []
+    before = np.ones(n, dtype=bool)  # steps outside any episode, for the "before" medians
+    start = 0
+    while start < n:
+        total = np.cumsum(gain[start:])
+        floor = np.minimum(np.minimum.accumulate(total), 0.0)
+        cusum = total - floor  # Page's CUSUM, S_t = max(0, S_{t-1} + g_t), in closed form
+        alarms = np.flatnonzero(cusum >= h)
+        if alarms.size == 0:
+            break
+        alarm = start + int(alarms[0])
+        zeros = np.flatnonzero(cusum[: alarm - start] <= 0.0)
+        onset = start + (int(zeros[-1]) + 1 if zeros.size else 0)
+        recoveries = np.flatnonzero(quiet[alarm:])
+        if recoveries.size:
+            recovery = alarm + int(recoveries[0])
+            after = np.flatnonzero(elevated[onset:recovery])
+            end = onset + int(after[-1]) if after.size else alarm
+        else:
+            recovery, end = n, n - 1
+        prior = y[:onset][before[:onset]]
+        rise = math.expm1(np.median(y[onset : end + 1]) - np.median(prior)) if prior.size else 0.0
+        if end - onset + 1 >= cfg.min_steps and rise >= cfg.min_shift:
+            out.append((onset, end, recovery >= n))
+            before[onset : end + 1] = False
+        start = recovery
+    return out
+
+
+def _finding(
+    job: dict[str, NDArray[np.float64]],
+    step_ids: NDArray[np.int64],
+    prior: NDArray[np.intp],
+    onset: int,
+    end: int,
+    active: bool,
+) -> Finding:
+    med_before = {name: float(np.median(s[prior])) for name, s in job.items()}
+    med_after = {name: float(np.median(s[onset : end + 1])) for name, s in job.items()}
+    deltas = {c: med_after[c] - med_before[c] for c in COMPONENTS}
+    cause = max(COMPONENTS, key=lambda c: deltas[c])
+    rise = med_after["step"] / med_before["step"] - 1.0
+    onset_step, end_step = int(step_ids[onset]), int(step_ids[end])
+
+    evidence: dict[str, Any] = {
+        "onset_step": onset_step,
+        "before_step_s": _round(med_before["step"]),
+        "after_step_s": _round(med_after["step"]),
+        "rise_pct": round(100 * rise, 1),
+        "steps_slow": end - onset + 1,
+        "component": cause,
+    }
+    for c in COMPONENTS:
+        evidence[f"{c}_before_s"] = _round(med_before[c])
+        evidence[f"{c}_after_s"] = _round(med_after[c])
+        evidence[f"{c}_delta_s"] = _round(deltas[c])
+    parts = ", ".join(f"{c} {deltas[c]:+.3g} s" for c in COMPONENTS)
+    summary = (
+        f"step time rose {100 * rise:.0f}% from {med_before['step']:.3g} s to "
+        f"{med_after['step']:.3g} s at step {onset_step}, mostly {cause} ({parts})"
+    )
+    if not active:
+        summary += f"; recovered after step {end_step}"
+    return Finding(
+        kind="slowdown",
+        severity="warning",
+        ranks=(),
+        first_step=onset_step,
+        score=round(rise, 3),
+        summary=summary,
+        key=f"slowdown:{cause}",
+        evidence=evidence,
+        active=active,
+        last_step=end_step,
+    )
+
+
+# --- small helpers --------------------------------------------------------------------------
+
+
+def _as_2d_float(values: npt.ArrayLike) -> NDArray[np.floating[Any]]:
+    arr = np.asarray(values)
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float64)
+    if arr.ndim == 1:
+        arr = arr[np.newaxis, :]
+    if arr.ndim != 2:
+        raise ValueError(f"expected a (ranks, steps) array, got shape {arr.shape}")
+    return arr
+
+
+def _steps(steps: npt.ArrayLike | None, n_steps: int) -> NDArray[np.int64]:
+    if steps is None:
+        return np.arange(n_steps, dtype=np.int64)
+    out = np.asarray(steps, dtype=np.int64).reshape(-1)
+    if out.size != n_steps:
+        raise ValueError(f"steps has {out.size} entries for {n_steps} columns")
+    return out
+
+
+def _sample_rows(n_ranks: int, max_ranks: int) -> NDArray[np.intp]:
+    return np.unique(np.linspace(0, n_ranks - 1, min(n_ranks, max(1, max_ranks))).astype(np.intp))
+
+
+def _median_rows(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``(S,)`` median over rows of the finite entries; NaN for a column with none."""
+    x = np.ascontiguousarray(x.T)  # (S, n): a median along contiguous memory is twice as fast
+    finite = np.isfinite(x)
+    if finite.all():  # x is our own copy: partition it in place
+        n = x.shape[1]
+        lo, hi = (n - 1) // 2, n // 2
+        x.partition([lo, hi] if lo != hi else lo, axis=1)
+        return np.asarray((x[:, lo] + x[:, hi]) / 2, dtype=np.float64)
+    x[~finite] = np.nan
+    empty = ~finite.any(axis=1)
+    x[empty] = 0.0  # keeps nanmedian quiet; those steps are set back to NaN below
+    med = np.asarray(np.nanmedian(x, axis=1), dtype=np.float64)
+    med[empty] = np.nan
+    return med
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.4g}")
