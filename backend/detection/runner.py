@@ -17,19 +17,21 @@ from sqlalchemy.orm import Session
 
 from backend.db import utcnow
 from backend.detection.window import (
+    Window,
     group_members,
+    load_collectives,
     load_window,
     rank_states,
     recent_step_durations,
 )
 from backend.incidents.service import Changes, apply_findings
 from backend.jobs.models import Rank
-from detectors import hang, straggler
+from detectors import comm, hang, numerics, slowdown, straggler
 from detectors.finding import Finding
 
 log = logging.getLogger(__name__)
 
-WINDOW_KINDS = frozenset({"straggler"})
+WINDOW_KINDS = frozenset({"straggler", "nan", "loss_spike", "slowdown", "comm_anomaly"})
 SWEEP_KINDS = frozenset({"hang", "crash"})
 
 
@@ -44,9 +46,37 @@ def detect_job(*, session: Session, job_id: int, width: int = 200) -> Changes:
         comm_time=window.comm_time if window.has_comm else None,
         ranks=window.ranks,
     )
+    # Unsent grad norms must not read as NaN: the detector only looks for non-finite ones.
+    grad = np.where(window.grad_reported, window.grad_norm, 0.0)
+    findings += numerics.detect_numerics(
+        window.loss, grad, steps=window.steps, reported=window.loss_reported
+    )
+    findings += slowdown.detect_slowdown(
+        window.step_time,
+        np.nan_to_num(window.comm_time),
+        np.nan_to_num(window.data_time),
+        steps=window.steps,
+    )
+    findings += _comm_findings(session=session, job_id=job_id, window=window)
     return apply_findings(
         session=session, job_id=job_id, findings=findings, covered_kinds=WINDOW_KINDS
     )
+
+
+def _comm_findings(*, session: Session, job_id: int, window: Window) -> list[Finding]:
+    colls = load_collectives(session=session, job_id=job_id, window=window)
+    if colls is None:
+        return []
+    families, steps = comm.families_from_records(
+        colls.rank,
+        colls.step,
+        colls.group,
+        colls.op,
+        colls.nbytes,
+        colls.duration_s,
+        members=colls.members,
+    )
+    return comm.detect_comm(families, steps=steps)
 
 
 def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:

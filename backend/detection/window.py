@@ -31,6 +31,10 @@ class Window:
     loss: FloatArray
     grad_norm: FloatArray
     mem_bytes: FloatArray
+    # A NaN loss is data; a missing one is not. These say which cells were sent.
+    loss_reported: np.ndarray[Any, np.dtype[np.bool_]]
+    grad_reported: np.ndarray[Any, np.dtype[np.bool_]]
+    world_size: int
 
     @property
     def has_comm(self) -> bool:
@@ -60,6 +64,8 @@ def load_window(*, session: Session, job_id: int, width: int = 200) -> Window | 
         )
     ).all()
     data = np.array([tuple(np.nan if v is None else v for v in r) for r in rows], dtype=float)
+    loss_sent = np.array([r.loss is not None for r in rows], dtype=bool)
+    grad_sent = np.array([r.grad_norm is not None for r in rows], dtype=bool)
     ranks = np.unique(data[:, 0]).astype(np.int64)
     steps = np.unique(data[:, 1]).astype(np.int64)
     ri = np.searchsorted(ranks, data[:, 0].astype(np.int64))
@@ -69,7 +75,15 @@ def load_window(*, session: Session, job_id: int, width: int = 200) -> Window | 
         grid = np.full((len(ranks), len(steps)), np.nan)
         grid[ri, si] = data[:, col]
         arrays[name] = grid
+    reported = np.zeros((len(ranks), len(steps)), dtype=bool)
+    reported[ri, si] = loss_sent
+    grad_reported = np.zeros_like(reported)
+    grad_reported[ri, si] = grad_sent
+    world = session.scalar(select(Job.world_size).where(Job.id == job_id)) or len(ranks)
     return Window(
+        loss_reported=reported,
+        grad_reported=grad_reported,
+        world_size=max(int(world), int(ranks.max()) + 1),
         steps=steps,
         ranks=ranks,
         step_time=arrays["duration_s"],
@@ -78,6 +92,52 @@ def load_window(*, session: Session, job_id: int, width: int = 200) -> Window | 
         loss=arrays["loss"],
         grad_norm=arrays["grad_norm"],
         mem_bytes=arrays["mem_bytes"],
+    )
+
+
+@dataclass
+class CollectiveWindow:
+    rank: np.ndarray[Any, np.dtype[np.int64]]
+    step: np.ndarray[Any, np.dtype[np.int64]]
+    group: np.ndarray[Any, np.dtype[np.str_]]
+    op: np.ndarray[Any, np.dtype[np.str_]]
+    nbytes: FloatArray
+    duration_s: FloatArray
+    members: dict[str, list[int]]
+
+
+def load_collectives(*, session: Session, job_id: int, window: Window) -> CollectiveWindow | None:
+    """Per-step collective aggregates over the window's steps, with group membership."""
+    attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
+    rows = session.execute(
+        select(
+            CollectiveRecord.rank,
+            CollectiveRecord.step,
+            CollectiveRecord.group,
+            CollectiveRecord.op,
+            CollectiveRecord.bytes,
+            CollectiveRecord.duration_s,
+            CollectiveRecord.members,
+        ).where(
+            CollectiveRecord.job_id == job_id,
+            CollectiveRecord.attempt == attempt,
+            CollectiveRecord.step >= int(window.steps[0]),
+        )
+    ).all()
+    if not rows:
+        return None
+    members: dict[str, list[int]] = {}
+    for r in rows:
+        if r.group not in members:
+            members[r.group] = list(r.members) if r.members else list(range(window.world_size))
+    return CollectiveWindow(
+        rank=np.array([r.rank for r in rows], dtype=np.int64),
+        step=np.array([r.step for r in rows], dtype=np.int64),
+        group=np.array([r.group for r in rows]),
+        op=np.array([r.op for r in rows]),
+        nbytes=np.array([r.bytes for r in rows], dtype=float),
+        duration_s=np.array([r.duration_s for r in rows], dtype=float),
+        members=members,
     )
 
 

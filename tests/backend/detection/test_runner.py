@@ -66,7 +66,9 @@ def test_straggler_becomes_one_incident_naming_the_rank(client, session):
     for _ in range(3):  # repeated runs update, never duplicate
         detect_job(session=session, job_id=job_id(session))
         session.commit()
-    [incident] = incidents(client)
+    found = incidents(client)
+    assert len(found) == 1, [(i["kind"], i["summary"]) for i in found]
+    [incident] = found
     assert (incident["kind"], incident["ranks"], incident["status"]) == ("straggler", [2], "open")
     assert 50 <= incident["first_step"] <= 60
 
@@ -110,3 +112,31 @@ def test_healthy_job_sweeps_clean(client, session):
     post_steps(client, ranks=2)
     changes = sweep_job(session=session, job_id=job_id(session), now=T0 + 121.5)
     assert not changes
+
+
+def test_nan_loss_opens_a_critical_incident(client, session):
+    import json
+
+    events = [
+        {
+            "type": "step",
+            "step": n,
+            "ts": T0 + n,
+            "duration_s": 0.4,
+            "loss": float("nan") if n >= 30 else 2.0,
+        }
+        for n in range(40)
+    ]
+    for rank in range(2):
+        body = json.dumps(batch(events, rank=rank, world_size=2))  # NaN literals, as Python sends
+        client.post(
+            "/api/v1/ingest", content=body, headers={**INGEST, "Content-Type": "application/json"}
+        )
+    detect_job(session=session, job_id=job_id(session))
+    session.commit()
+    [incident] = incidents(client)
+    assert (incident["kind"], incident["severity"], incident["first_step"]) == (
+        "nan",
+        "critical",
+        30,
+    )
