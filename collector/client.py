@@ -79,6 +79,7 @@ class Client:
         self._explicit_steps = False
         self._data_carry = 0.0
         self._listeners: list[StepListener] = []
+        self._said_goodbye = False
         self._agg: dict[tuple[str, str, int | None], list[Any]] = {}
         self._inflight: dict[int, Collective] = {}
         self._seq: dict[str, int] = {}
@@ -350,6 +351,12 @@ class Client:
             if self._current is not None:
                 self._end_locked()
             self._emit_pending_locked()
+            self._flush_collectives_locked(None)
+        if not self._said_goodbye:
+            self._said_goodbye = True
+            goodbye = self._tick()[0]
+            goodbye["exiting"] = True  # a clean exit, not a crash
+            self.worker.submit(goodbye)
         self.worker.shutdown(timeout)
 
 

@@ -92,15 +92,21 @@ def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:
             inflight=_inflight(r.inflight),
         )
         for r in rank_states(session=session, job_id=job_id)
+        if not r.exited
     ]
-    if not states:
-        return Changes()
+    if not states:  # every rank said goodbye: the job ended; nothing hangs or crashed
+        return apply_findings(
+            session=session, job_id=job_id, findings=[], covered_kinds=SWEEP_KINDS
+        )
     durations = np.asarray(recent_step_durations(session=session, job_id=job_id), dtype=float)
     findings = hang.detect(
         states,
         now=now,
         step_durations=durations,
         groups=group_members(session=session, job_id=job_id) or None,
+        # Ranks that exit cleanly say so; all going silent together without a word is
+        # a crash (a launcher tearing the group down after one rank died), not an end.
+        finished=False,
     )
     return apply_findings(
         session=session, job_id=job_id, findings=findings, covered_kinds=SWEEP_KINDS

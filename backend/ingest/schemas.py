@@ -71,6 +71,7 @@ class HeartbeatEvent(TypedDict):
     step: NotRequired[StepNo | None]
     inflight: NotRequired[Inflight | None]
     pid: NotRequired[Annotated[int, Field(ge=0)] | None]
+    exiting: NotRequired[bool]
     dropped: NotRequired[dict[Annotated[str, Field(max_length=64)], Count] | None]
 
 

@@ -178,6 +178,7 @@ def _update_rank(
         "inflight": None,
         "pid": None,
         "drops": None,
+        "exited": False,
     }
     if steps := by_type.get("step"):
         latest = max(steps, key=lambda e: e["ts"])
@@ -189,6 +190,7 @@ def _update_rank(
         values["inflight"] = latest.get("inflight")
         values["pid"] = latest.get("pid")
         values["drops"] = latest.get("dropped")
+        values["exited"] = bool(latest.get("exiting", False))
 
     stmt = insert_for(session, Rank).values(**values)
     new, cur = stmt.excluded, Rank.__table__.c
@@ -210,6 +212,7 @@ def _update_rank(
             "inflight": case((newer_beat, new.inflight), else_=cur.inflight),
             "pid": case((newer_beat, new.pid), else_=cur.pid),
             "drops": case((newer_beat, new.drops), else_=cur.drops),
+            "exited": case((newer_beat, new.exited), else_=cur.exited),
             "last_heartbeat_ts": case(
                 (newer_beat, new.last_heartbeat_ts), else_=cur.last_heartbeat_ts
             ),

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Double,
     ForeignKey,
     Integer,
@@ -52,6 +53,8 @@ class Rank(Base):
     # The collective this rank is inside right now: {"group", "op", "seq", "since"}.
     inflight: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     pid: Mapped[int | None] = mapped_column(Integer)
+    # The collector said goodbye (clean exit); a silent rank without it crashed or was killed.
+    exited: Mapped[bool] = mapped_column(Boolean, default=False)
     # What the collector dropped so far, by reason ({"queue_full": 12}); from heartbeats.
     drops: Mapped[dict[str, int] | None] = mapped_column(JSON)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -62,5 +62,6 @@ class RankOut(BaseModel):
     heartbeat_age_s: float | None
     inflight: dict[str, Any] | None
     pid: int | None
+    exited: bool
     drops: dict[str, int] | None
     last_seen_at: datetime

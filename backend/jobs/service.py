@@ -168,6 +168,7 @@ def list_ranks(*, session: Session, job_id: int, now: float) -> list[dict[str, A
                 "heartbeat_age_s": age,
                 "inflight": r.inflight,
                 "pid": r.pid,
+                "exited": r.exited,
                 "drops": r.drops,
                 "last_seen_at": r.last_seen_at,
             }

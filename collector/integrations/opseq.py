@@ -1,0 +1,361 @@
+"""Operator-sequence fingerprints: a cheap hash of the aten ops one sampled step runs.
+
+On steps where ``step % opseq_every == 0`` a ``TorchDispatchMode`` records every aten op
+the step dispatches, forward and backward (``aten::addmm``, ``aten::threshold_backward`` …):
+its name, the shapes of its tensor inputs, and the bytes of tensors autograd saved for its
+backward. At the end of the step the fingerprint (32 hex digits of blake2b over that list)
+goes on the step record; the first time this client sees a fingerprint it ships the list:
+
+    {"type": "opseq", "hash": "9f2c…", "ops": [["aten::mm", [[8, 256], [256, 256]], 8192], …]}
+
+Saved bytes come from a ``saved_tensors_hooks`` pack hook that returns ``t.detach()`` (what
+torch documents for an identity hook) and counts ``numel * element_size``. Autograd saves an
+op's inputs before the op runs and its outputs after, so a saved tensor that is an output of
+the op just recorded counts for that op and any other for the next op. Parameters (and views
+of them) are left out: they live anyway. Where the user's own saved-tensor hooks are active
+(``save_on_cpu``, checkpointing) theirs take precedence and those saves count 0.
+
+Sampled steps pay the Python dispatch of every op (see ``OVERHEAD`` in the tests' report);
+other steps pay nothing. Our mode sits at the bottom of the dispatch mode stack, so modes the
+user enters and leaves, even across a step boundary, still pop their own mode. Ops inside
+``torch.compile``d regions are not seen (compiled code does not dispatch per aten op).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import marshal
+import weakref
+from typing import Any
+
+from collector.client import Client, StepListener
+
+log = logging.getLogger("vigil.collector")
+
+MAX_OPS = 200_000  # the backend accepts at most this many ops in one sequence
+_installed = False
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+_disabled = False  # set when the mode stack could not be managed safely
+
+
+def setup_once(client: Client) -> None:
+    """Attach the op-sequence listener to this client (once per client; re-init works)."""
+    global _installed
+    if client in _clients:
+        return
+    import torch  # noqa: F401  (fail here, not on the first sampled step)
+
+    client.add_step_listener(OpSeqListener(client))
+    _clients.add(client)
+    _installed = True
+
+
+class OpSeqListener(StepListener):
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.capture: _Capture | None = None
+        self.seen: set[str] = set()
+
+    def on_step_start(self, step: int) -> None:
+        if self.capture is not None:  # the previous step closed without on_step_end
+            self._finish(record=False)
+        every = self.client.config.opseq_every
+        if _disabled or every <= 0 or step % every:
+            return
+        capture = _Capture()
+        if capture.start():
+            self.capture = capture
+
+    def on_step_end(self, step: int) -> None:
+        if self.capture is not None:
+            self._finish(record=True)
+
+    def _finish(self, *, record: bool) -> None:
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return
+        capture.stop()
+        if not capture.ok:
+            return
+        fingerprint, ops = capture.result()
+        if record:
+            self.client.set_opseq(fingerprint)
+        if fingerprint not in self.seen:
+            self.seen.add(fingerprint)
+            self.client.submit({"type": "opseq", "hash": fingerprint, "ops": ops})
+
+
+class _Capture:
+    """One sampled step: the dispatch mode, the saved-tensor hooks, and the ops seen."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.tensor_type = torch.Tensor
+        self.no_dispatch = torch._C._DisableTorchDispatch
+        self.ops: list[list[Any]] = []
+        self.count = 0  # ops dispatched, including those past MAX_OPS
+        self.last: list[Any] | None = None  # the op recorded last …
+        self.last_out: tuple[int, ...] = ()  # … and its outputs (``Tensor._cdata``)
+        self.saves: list[tuple[int, int]] = []  # (tensor, bytes) saved since that op
+        self.active = False
+        self.ok = True
+        self.names: dict[Any, str] = {}
+        self.mode: Any = None
+        self.hooked = False
+        self.pack = self._pack  # the exact objects pushed, to find them on the stack
+        self.unpack = _unpack
+
+    # -- entering and leaving ------------------------------------------------------------
+
+    def start(self) -> bool:
+        import torch
+
+        try:
+            if torch.compiler.is_compiling() or _infra_mode_active():
+                return False
+            self.mode = _make_mode(self)
+            _insert_bottom(self.mode)
+        except Exception:
+            log.debug("vigil: op-sequence capture could not start", exc_info=True)
+            return False
+        self.active = True
+        try:  # only where no saved-tensor hooks are active: never override the user's
+            autograd = torch._C._autograd
+            if autograd._top_saved_tensors_default_hooks(True) is None:
+                autograd._push_saved_tensors_default_hooks(self.pack, self.unpack)
+                self.hooked = True
+        except Exception:  # e.g. inside disable_saved_tensors_hooks()
+            log.debug("vigil: saved-tensor hooks unavailable this step", exc_info=True)
+        return True
+
+    def stop(self) -> None:
+        global _disabled
+        self.active = False
+        if self.hooked:
+            self.hooked = False
+            try:
+                _remove_saved_hooks(self.pack)
+            except Exception:
+                log.debug("vigil: could not remove saved-tensor hooks", exc_info=True)
+        if self.mode is not None:
+            mode, self.mode = self.mode, None
+            try:
+                _remove(mode)
+            except Exception:
+                _disabled = True
+                self.ok = False
+                log.warning("vigil: op-sequence capture disabled", exc_info=True)
+
+    def result(self) -> tuple[str, list[list[Any]]]:
+        if self.last is not None:
+            self.last[2] += sum(n for _, n in self.saves)
+        self.saves = []
+        ops = self.ops
+        # marshal version 2 writes no back-references: the bytes depend on the values only.
+        digest = hashlib.blake2b(marshal.dumps(ops, 2), digest_size=16)
+        digest.update(b"#%d" % self.count)
+        return digest.hexdigest(), ops
+
+    # -- per op ----------------------------------------------------------------------------
+
+    def record(self, func: Any, args: Any, out: Any) -> None:
+        self.count += 1
+        if len(self.ops) >= MAX_OPS:
+            self.last, self.saves = None, []
+            return
+        name = self.names.get(func)
+        if name is None:
+            name = self.names[func] = _op_name(func)
+        tensor = self.tensor_type
+        shapes = []
+        inputs = []
+        for a in args:
+            if isinstance(a, tensor):
+                shapes.append(list(a.shape))
+                inputs.append(a._cdata)
+            elif isinstance(a, (list, tuple)):
+                for t in a:
+                    if isinstance(t, tensor):
+                        shapes.append(list(t.shape))
+                        inputs.append(t._cdata)
+        op = [name, shapes, self._claim(inputs) if self.saves else 0]
+        self.ops.append(op)
+        self.last = op
+        if isinstance(out, tensor):
+            self.last_out = (out._cdata,)
+        elif isinstance(out, (list, tuple)):
+            self.last_out = tuple(t._cdata for t in out if isinstance(t, tensor))
+        else:
+            self.last_out = ()
+
+    def _claim(self, inputs: list[int]) -> int:
+        """Split the saves made since the last op between it (its outputs, saved after it
+        ran) and this one (its inputs, saved before it runs); return this op's bytes.
+
+        A tensor that is both (the last op's output feeding this op) counts for this op,
+        unless it was saved twice: then the first save was the last op's own."""
+        saves, self.saves = self.saves, []
+        mine = theirs = 0
+        twice: set[int] = set()
+        for i, (t, n) in enumerate(saves):
+            if t not in inputs:
+                theirs += n
+            elif t in self.last_out and t not in twice and any(s == t for s, _ in saves[i + 1 :]):
+                twice.add(t)
+                theirs += n
+            else:
+                mine += n
+        if theirs and self.last is not None:
+            self.last[2] += theirs
+        return mine
+
+    def _pack(self, t: Any) -> Any:
+        try:
+            if self.active:
+                base = t._base if t._base is not None else t
+                if not (base.is_leaf and base.requires_grad):  # parameters live anyway
+                    self.saves.append((t._cdata, t.numel() * t.element_size()))
+        except Exception:
+            pass
+        # Not ``t`` itself: a saved output would hold its own grad_fn. A plain tensor is
+        # detached without a round trip through our mode; subclasses keep their dispatch.
+        if type(t) is self.tensor_type:
+            with self.no_dispatch():
+                return t.detach()
+        return t.detach()
+
+
+def _unpack(packed: Any) -> Any:
+    return packed
+
+
+def _op_name(func: Any) -> str:
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        return str(schema.name)  # "aten::addmm", as the profiler names it
+    return f"hop::{getattr(func, '_name', func)}"  # a higher-order op (cond, flex_attention…)
+
+
+def _make_mode(capture: _Capture) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    global _Mode, _detach
+    if _Mode is None:
+        _detach = torch.ops.aten.detach.default
+
+        class OpSeqMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+            # Higher-order ops pass through __torch_dispatch__ (the default is to refuse
+            # them, which would break a step that calls torch.cond or flex_attention).
+            supports_higher_order_operators = True
+
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                # Off while torch.compile or a higher-order op traces (torch.cond's backward
+                # fails under a mode that is not), on again when the compiled code runs.
+                return True
+
+            def __init__(self, capture: _Capture) -> None:
+                super().__init__()  # type: ignore[no-untyped-call]
+                self.capture = capture
+
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                out = func(*args, **(kwargs or {}))
+                cap = self.capture
+                # aten::detach is left out: autograd issues it for saved outputs without
+                # our hooks and for saved tensors on unpack with them.
+                if cap.active and func is not _detach:
+                    try:
+                        cap.record(func, args, out)
+                    except Exception:
+                        cap.active = cap.ok = False
+                        log.debug("vigil: op-sequence record failed", exc_info=True)
+                return out
+
+        _Mode = OpSeqMode
+    return _Mode(capture)
+
+
+_Mode: Any = None
+_detach: Any = None
+
+
+# -- the dispatch-mode and saved-tensor-hook stacks ----------------------------------------
+
+
+def _infra_mode_active() -> bool:
+    import torch
+
+    keys = torch._C._TorchDispatchModeKey
+    return any(
+        torch._C._get_dispatch_mode(k) is not None for k in (keys.FAKE, keys.PROXY, keys.FUNCTIONAL)
+    )
+
+
+def _insert_bottom(mode: Any) -> None:
+    """Push ``mode`` under the user's modes, so their ``__exit__`` still pops their own."""
+    import torch
+
+    c = torch._C
+    above = [c._pop_torch_dispatch_stack(None) for _ in range(c._len_torch_dispatch_stack())]
+    c._push_on_torch_dispatch_stack(mode)
+    for m in reversed(above):
+        c._push_on_torch_dispatch_stack(m)
+    _sync_mode_flags()
+
+
+def _remove(mode: Any) -> None:
+    """Take ``mode`` off the stack wherever it is, keeping the others in order."""
+    import torch
+
+    c = torch._C
+    above = []
+    found = False
+    for _ in range(c._len_torch_dispatch_stack()):
+        m = c._pop_torch_dispatch_stack(None)
+        if m is mode:
+            found = True
+            break
+        above.append(m)
+    for m in reversed(above):
+        c._push_on_torch_dispatch_stack(m)
+    _sync_mode_flags()
+    if not found:
+        raise RuntimeError("vigil's dispatch mode was popped by someone else")
+
+
+def _sync_mode_flags() -> None:
+    """``TorchDispatchMode.__enter__`` keeps module flags saying whether any mode is active
+    (torch.compile reads them); set them from the stack as it is now."""
+    from torch.utils import _python_dispatch as pd
+
+    stack = pd._get_current_dispatch_mode_stack()
+    pd._is_in_torch_dispatch_mode = bool(stack)
+    pd._is_in_non_infra_torch_dispatch_mode = any(not m.is_infra_mode() for m in stack)
+    without = any(not m.ignore_compile_internals() for m in stack)
+    pd._is_in_any_mode_without_ignore_compile_internals = without
+    setter = getattr(pd, "set_is_in_mode_without_ignore_compile_internals", None)
+    if setter is not None:
+        setter(without)
+
+
+def _remove_saved_hooks(pack: Any) -> None:
+    """Pop our saved-tensor hooks, re-pushing any the user pushed on top and kept."""
+    import torch
+
+    autograd = torch._C._autograd
+    above = []
+    while True:
+        top = autograd._top_saved_tensors_default_hooks(True)
+        if top is None:
+            break
+        autograd._pop_saved_tensors_default_hooks()
+        if top[0] is pack:
+            break
+        above.append(top)
+    for p, u in reversed(above):
+        autograd._push_saved_tensors_default_hooks(p, u)

@@ -1,0 +1,31 @@
+"""Remember ranks that exited cleanly
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-22
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+
+revision: str = '0003'
+down_revision: str | None = '0002'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('ranks', schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column('exited', sa.Boolean(), nullable=False, server_default=sa.false())
+        )
+
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('ranks', schema=None) as batch_op:
+        batch_op.drop_column('exited')
+
