@@ -305,6 +305,8 @@ class Client:
     # -- heartbeat (worker thread) -----------------------------------------------------
 
     def _tick(self) -> list[Event]:
+        if self._said_goodbye:
+            return []  # a later heartbeat would undo the goodbye
         with self._lock:
             p = self._pending
             if p is not None and time.monotonic() - p.ended_at > self.config.flush_s:
@@ -353,8 +355,8 @@ class Client:
             self._emit_pending_locked()
             self._flush_collectives_locked(None)
         if not self._said_goodbye:
-            self._said_goodbye = True
             goodbye = self._tick()[0]
+            self._said_goodbye = True
             goodbye["exiting"] = True  # a clean exit, not a crash
             self.worker.submit(goodbye)
         self.worker.shutdown(timeout)

@@ -106,6 +106,10 @@ class CommConfig:
 
     min_drop: float = 0.3
     """A group is slow below ``(1 - min_drop)`` times its reference bandwidth (0.3: 30% slower)."""
+    self_min_drop: float = 0.6
+    """Without peers to compare with, a group is judged against its own early history, which
+    also moves with host load (seen: 2x swings of gloo bandwidth on a busy CPU host), so the
+    drop must be larger (0.6: below 40% of its baseline). Also used for family-wide drops."""
     min_steps: int = 10
     """Length of the run of steps that must be mostly slow."""
     min_frac: float = 0.8
@@ -194,8 +198,9 @@ def _scan_family(
         reference = np.broadcast_to(family_bw, bw.shape)
     else:
         reference = np.broadcast_to(_nanmedian_rows(bw[:, : cfg.baseline_steps])[:, None], bw.shape)
+    drop = cfg.min_drop if peers else cfg.self_min_drop
     with np.errstate(invalid="ignore"):
-        low = bw < (1.0 - cfg.min_drop) * reference  # NaN compares False
+        low = bw < (1.0 - drop) * reference  # NaN compares False
 
     found: list[_SlowGroup] = []
     sustained, first_window = _sustained(low, cfg)
@@ -254,7 +259,7 @@ def _family_drop(
         return None
     baseline = float(np.median(base_cols))
     with np.errstate(invalid="ignore"):
-        low = family_bw < (1.0 - cfg.min_drop) * baseline
+        low = family_bw < (1.0 - cfg.self_min_drop) * baseline
     sustained, first_window = _sustained(low[None, :], cfg)
     if not sustained[0]:
         return None

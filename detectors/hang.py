@@ -305,8 +305,18 @@ def _attribute(
         edges[hub].update(("r", s.rank) for s in states if s.rank not in inflight)
         edges[hub].update(("r", r) for r, f in inflight.items() if f.peer is not None)
         edges[hub].update(("r", r) for r in behind)
+    # A rank still in an earlier seq that others have passed waits for the members that are
+    # in no collective at all (e.g. a gloo broadcast root waiting for a receiver that never
+    # came, while other receivers finished). With no such member it waits for nobody.
+    everyone = {s.rank for s in states}
     for b in behind:
-        edges.pop(("r", b), None)
+        g = inflight[b].group
+        members = set(groups[g]) if groups is not None and g in groups else everyone
+        idle = {m for m in members - {b} if m not in inflight}
+        if idle:
+            edges[("r", b)] = {("r", m) for m in idle}
+        else:
+            edges.pop(("r", b), None)
 
     culprit_set: set[int] = set()
     cycles: set[int] = set()

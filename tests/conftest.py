@@ -121,3 +121,9 @@ def app(settings: Settings, engine: Engine, session_factory: sessionmaker[Sessio
 def client(app) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
     with TestClient(app) as c:
         yield c
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):  # type: ignore[no-untyped-def]
+    """A fresh SQLite file for tests that start their own server process."""
+    return f"sqlite:///{tmp_path / 'vigil.db'}"

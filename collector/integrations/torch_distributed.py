@@ -3,10 +3,10 @@
 ``setup_once()`` wraps the collective and point-to-point functions of ``torch.distributed``
 (``all_reduce`` … ``batch_isend_irecv``, and the object collectives) where they are bound:
 ``torch.distributed``, ``distributed_c10d`` and any loaded ``torch.distributed`` module that
-imported one by name, so ``dist.all_reduce`` and torch's internal callers agree; also
-``dist._broadcast_coalesced``, with which DDP syncs parameters and, before every forward,
-buffers (recorded as ``broadcast``). Each call
-becomes a ``Collective`` of the live client: group label, member ranks, op, input bytes.
+imported one by name, so ``dist.all_reduce`` and torch's internal callers agree. Also
+``dist._broadcast_coalesced``, with which DDP syncs parameters at construction and buffers
+before every forward (recorded as ``broadcast``). Each call becomes a ``Collective`` of the
+live client: group label, member ranks, op, bytes of its input tensors.
 
 - Blocking calls begin before and end after the call, on the calling thread (so the chaos
   ``slow_collective`` delay really delays the caller). While a rank is blocked its heartbeat
@@ -93,6 +93,7 @@ _OP_NAMES = {
 # Filled by setup_once (torch.distributed is imported only when it is available).
 _c10d: Any = None
 _dist: Any = None
+_tensor: Any = ()  # torch.Tensor once set up
 _originals: dict[str, Callable[..., Any]] = {}
 _wrappers: dict[str, Callable[..., Any]] = {}
 _compiling: Callable[[], bool] = lambda: False  # noqa: E731
@@ -119,7 +120,7 @@ class _Spec:
 
 
 def setup_once(client: Client) -> None:
-    global _installed, _c10d, _dist, _compiling
+    global _installed, _c10d, _dist, _compiling, _tensor
     with _lock:
         if _installed:
             return
@@ -130,12 +131,17 @@ def setup_once(client: Client) -> None:
             return
         import torch.distributed.distributed_c10d as c10d
 
-        _c10d, _dist = c10d, dist
+        _c10d, _dist, _tensor = c10d, dist, torch.Tensor
         _compiling = torch.compiler.is_compiling
+        _installed = True  # never wrap twice, even if a step below fails
         _patch_functions(dist, c10d)
-        _patch_p2pop(c10d)
-        _patch_ddp()
-        _installed = True
+        for patch in (_patch_p2pop, _patch_ddp):
+            try:
+                patch(c10d)
+            except Exception:
+                log.warning(
+                    "vigil: %s failed; continuing without it", patch.__name__, exc_info=True
+                )
 
 
 # -- wrapping the functions ------------------------------------------------------------
@@ -226,7 +232,7 @@ def _wrap(original: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
 def _begin(client: Client, spec: _Spec, args: Any, kwargs: Any) -> Collective | None:
     """The call's record, or None when it is not to be timed (never raises)."""
     try:
-        if _compiling() or _c10d._world.pg_coalesce_state:
+        if _compiling() or _coalescing():
             return None
         if spec.op == "batch_isend_irecv":
             ops = _arg(args, kwargs, 0, "p2p_op_list", None) or []
@@ -244,6 +250,13 @@ def _begin(client: Client, spec: _Spec, args: Any, kwargs: Any) -> Collective | 
     except Exception:
         log.debug("vigil: collective begin failed", exc_info=True)
         return None
+
+
+def _coalescing() -> bool:
+    """Inside ``_coalescing_manager`` calls are only queued; the coalesced call that runs
+    them is made in C++ and is not seen."""
+    world = getattr(_c10d, "_world", None)
+    return bool(getattr(world, "pg_coalesce_state", None))
 
 
 def _end(client: Client, call: Collective) -> None:
@@ -269,6 +282,8 @@ def _payload_bytes(spec: _Spec, args: Any, kwargs: Any) -> int:
 
 
 def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, _tensor):
+        return int(value.numel() * value.element_size())
     if isinstance(value, (list, tuple)):
         return sum(_tensor_bytes(v) for v in value)
     numel = getattr(value, "numel", None)
@@ -470,7 +485,7 @@ def _ddp_group(module: Any) -> tuple[str, list[int] | None]:
         return _WORLD
 
 
-def _patch_ddp() -> None:
+def _patch_ddp(c10d: Any) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     init, register = DDP.__init__, DDP.register_comm_hook

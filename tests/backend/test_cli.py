@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 from sqlalchemy import func, select
 
 from backend.db import make_engine
@@ -11,11 +10,6 @@ from backend.telemetry.models import StepRecord
 from tests.conftest import ADMIN, INGEST
 from tests.factories import batch, step
 from tests.servers import free_port, live_server, run_vigil, vigil_env
-
-
-@pytest.fixture
-def sqlite_url(tmp_path):  # type: ignore[no-untyped-def]
-    return f"sqlite:///{tmp_path / 'cli.db'}"
 
 
 def test_migrate_then_tokens(sqlite_url):

@@ -13,8 +13,3 @@ import collector
 def _no_client_left_behind() -> Iterator[None]:
     yield
     collector.shutdown(timeout=1)
-
-
-@pytest.fixture
-def sqlite_url(tmp_path):  # type: ignore[no-untyped-def]
-    return f"sqlite:///{tmp_path / 'vigil.db'}"

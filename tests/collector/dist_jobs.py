@@ -295,6 +295,20 @@ def ddp(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[str, Any]:
         torch.allclose(a, b, atol=1e-6)
         for a, b in zip(early.parameters(), late.parameters(), strict=True)
     )
+    # slow_collective chaos: the delay is slept where the bucket's future completes, so
+    # backward really takes longer (the recorded duration includes it).
+    from collector.chaos import Chaos
+
+    single = DDP(model())  # one bucket: its record is the whole wait
+    client.chaos = Chaos.parse("slow_collective:factor=4", rank=rank, attempt=0)
+    x = torch.randn(16, 32)
+    client.begin_step(30)
+    loss = single(x).pow(2).mean()
+    started = time.perf_counter()
+    loss.backward()
+    out["slow_backward_s"] = time.perf_counter() - started
+    client.end_step()
+    client.chaos = Chaos([], rank)
     client.begin_step(99)
     client.end_step()
     out["events"] = [e for e in events if e["type"] == "collective"]

@@ -119,7 +119,10 @@ def test_ddp_buckets_become_all_reduce_records(ddp):
         setup = steps.pop(None)
         assert [(e["op"], e["bytes"], e["count"]) for e in setup] == [
             ("broadcast", out["param_bytes"] + 16, 1)
-        ] * 3
+        ] * 4
+        slow = next(e for e in steps.pop(30) if e["op"] == "all_reduce")
+        assert slow["count"] == 1
+        assert out["slow_backward_s"] >= slow["duration_s"]  # 3/4 of it is the chaos delay
         assert sorted(steps) == [0, 1, 2, 10, 11, 20, 21]
         counts = []
         for step, events in sorted(steps.items()):

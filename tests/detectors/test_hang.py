@@ -272,3 +272,17 @@ def test_many_groups_without_membership_stay_fast() -> None:
     ranks[1234] = state(1234)
     (f,) = detect(ranks, now=NOW, step_durations=FAST)
     assert f.ranks == (1234,)
+
+
+def test_broadcast_root_left_behind_waits_for_the_idle_rank() -> None:
+    """Seen on a real gloo job: rank 1 hangs before step 12's buffer broadcast. The root
+    (rank 0) stays in the broadcast waiting for rank 1; rank 2 received its copy, moved on
+    and waits in the next all-reduce. The culprit is rank 1 alone."""
+    now = 1000.0
+    states = [
+        RankState(0, 11, 12, now - 30, now, Inflight("world", "broadcast", 26, now - 30)),
+        RankState(1, 11, 12, now - 30, now, None),
+        RankState(2, 11, 12, now - 30, now, Inflight("world", "all_reduce", 27, now - 30)),
+    ]
+    (finding,) = detect(states, now=now, step_durations=[0.15] * 30)
+    assert finding.kind == "hang" and finding.ranks == (1,)
