@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 try:
@@ -37,6 +38,8 @@ else:
     )
     token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
     app.add_typer(token_app, name="token")
+    import_app = typer.Typer(help="Import diagnostics recorded elsewhere.", no_args_is_help=True)
+    app.add_typer(import_app, name="import")
     # Piped output (grep, tests) gets wide lines rather than truncated job names.
     console = Console(width=None if sys.stdout.isatty() else 200)
     err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -251,6 +254,32 @@ else:
 
         url, bearer = _endpoint_and_token(endpoint, token, scope="ingest")
         raise typer.Exit(launch(command, endpoint=url, token=bearer, job=job, chaos=chaos))
+
+    @import_app.command("flight-recorder")
+    def import_flight_recorder(
+        directory: Annotated[Path, typer.Argument(help="Folder with one dump per rank")],
+        job: Annotated[str, typer.Option("--job", help="Job to file the incident under")],
+    ) -> None:
+        """Name the ranks a hung job waits for, from PyTorch Flight Recorder dumps."""
+        from backend.db import make_engine, make_sessionmaker, session_scope
+        from backend.importers.flight_recorder import import_dumps
+        from detectors.flight_recorder import FlightRecorderError
+
+        settings = _settings()
+        engine = make_engine(settings.database_url)
+        try:
+            with session_scope(make_sessionmaker(engine), write=True) as session:
+                result = import_dumps(session=session, directory=directory, job=job)
+        except FlightRecorderError as exc:
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
+        finally:
+            engine.dispose()
+        console.print(result.report, highlight=False, markup=False)
+        if result.incident_id is not None:
+            console.print(f"\nstored as hang incident {result.incident_id} of job {job!r}")
+        else:
+            console.print("\nno rank waits for another: nothing stored")
 
     def main() -> None:
         app()

@@ -80,6 +80,7 @@ class Client:
         self._data_carry = 0.0
         self._listeners: list[StepListener] = []
         self._said_goodbye = False
+        self._step_thread: int | None = None
         self._agg: dict[tuple[str, str, int | None], list[Any]] = {}
         self._inflight: dict[int, Collective] = {}
         self._seq: dict[str, int] = {}
@@ -100,6 +101,9 @@ class Client:
 
     def begin_step(self, n: int) -> None:
         self._explicit_steps = True
+        unfinished = self.current_step
+        if unfinished is not None:
+            self._notify_end(unfinished)
         with self._lock:
             if self._current is not None:  # an unfinished step: close it first
                 self._end_locked()
@@ -116,6 +120,7 @@ class Client:
             self._end_locked()
 
     def _start_locked(self, n: int) -> None:
+        self._step_thread = threading.get_ident()
         self._current = _Step(step=n, started=time.perf_counter(), data_s=self._data_carry)
         self._data_carry = 0.0
 
@@ -349,6 +354,11 @@ class Client:
             log.debug("vigil: error while flushing at exit", exc_info=True)
 
     def shutdown(self, timeout: float | None = None) -> None:
+        unfinished = self.current_step
+        # Listeners (the op-sequence capture) undo thread-local state: only on the thread
+        # that runs the steps, not on an action thread that exits for a restart.
+        if unfinished is not None and threading.get_ident() == self._step_thread:
+            self._notify_end(unfinished)
         with self._lock:
             if self._current is not None:
                 self._end_locked()

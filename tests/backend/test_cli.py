@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 from sqlalchemy import func, select
 
@@ -97,3 +99,37 @@ def test_demo_fast_replays_the_real_pai_job(tmp_path):
         ).scalar()
     engine.dispose()
     assert slowest == 6
+
+
+def test_import_flight_recorder_stores_a_hang_naming_ranks_9_and_14(sqlite_url, tmp_path):
+    from pathlib import Path
+
+    dumps = Path(__file__).resolve().parents[1] / "data" / "flight_recorder" / "lock_gil_1st"
+    env = vigil_env(sqlite_url)
+    assert run_vigil(["migrate"], env).returncode == 0
+    result = run_vigil(["import", "flight-recorder", str(dumps), "--job", "megatron-moe"], env)
+    assert result.returncode == 0, result.stderr
+    assert "Culprit ranks: 9, 14" in result.stdout
+    assert "stored as hang incident" in result.stdout
+    again = run_vigil(["import", "flight-recorder", str(dumps), "--job", "megatron-moe"], env)
+    assert again.returncode == 0
+    with live_server(sqlite_url) as base:
+        found = httpx.get(f"{base}/api/v1/jobs/megatron-moe/incidents", headers=ADMIN).json()
+    assert [(i["kind"], i["ranks"]) for i in found] == [("hang", [9, 14])]  # imported once
+
+
+def test_import_refuses_a_malicious_dump(sqlite_url, tmp_path):
+    import pickle
+
+    class Exploit:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    (tmp_path / "dumps").mkdir()
+    (tmp_path / "dumps" / "_dump_0").write_bytes(pickle.dumps(Exploit()))
+    env = vigil_env(sqlite_url)
+    run_vigil(["migrate"], env)
+    result = run_vigil(["import", "flight-recorder", str(tmp_path / "dumps"), "--job", "x"], env)
+    assert result.returncode == 2
+    assert "_dump_0" in result.stderr
+    assert not (tmp_path / "pwned").exists()

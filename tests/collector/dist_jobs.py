@@ -123,7 +123,7 @@ def collectives(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[st
 
     client.begin_step(1)  # async, objects, batched p2p, a subgroup
     if rank == 1:
-        time.sleep(0.5)
+        time.sleep(0.6)
     t = torch.ones(64)
     work = dist.all_reduce(t, async_op=True)
     call = client.inflight()
@@ -131,7 +131,7 @@ def collectives(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[st
     work.wait()
     out["async_inflight_after"] = _settled(client)
     if rank == 1:
-        time.sleep(0.3)
+        time.sleep(0.6)
     buf = torch.full((32,), float(rank))
     work = dist.isend(buf, peer) if rank == 0 else dist.irecv(buf, peer)
     out["isend_inflight"] = client.inflight() is not None

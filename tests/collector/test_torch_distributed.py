@@ -79,17 +79,17 @@ def test_async_objects_batches_and_subgroups(collectives):
 
 
 def test_async_work_is_in_flight_until_it_completes(collectives):
+    # Rank 1 joins the async all_reduce and the irecv 0.6 s late: rank 0's records are in
+    # flight after the calls return and last until the work completes.
+    waiting = collectives[0]
+    assert waiting["async_inflight"] == ["world", "all_reduce", 8]
     for out in collectives:
-        assert out["async_inflight"] == ["world", "all_reduce", 8]
-        assert out["async_inflight_after"] and out["isend_inflight"]
-        assert out["isend_inflight_after"] and out["batch_inflight_after"]
-    # Rank 1 joins the async all_reduce 0.5 s late and the irecv 0.3 s late: rank 0's
-    # records last until the work completes, not until the call returns.
-    durations = {
-        (e["group"], e["op"], e["step"]): e["duration_s"] for e in collectives[0]["events"]
-    }
-    assert durations[("world", "all_reduce", 1)] >= 0.4
-    assert durations[("world", "isend", 1)] >= 0.25
+        assert out["isend_inflight"]  # gloo p2p Work has no future: ends at wait()
+        assert out["async_inflight_after"] and out["isend_inflight_after"]
+        assert out["batch_inflight_after"]
+    durations = {(e["group"], e["op"], e["step"]): e["duration_s"] for e in waiting["events"]}
+    assert durations[("world", "all_reduce", 1)] >= 0.3
+    assert durations[("world", "isend", 1)] >= 0.3
 
 
 def test_without_a_client_collectives_are_plain_torch(collectives):
