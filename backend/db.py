@@ -13,7 +13,18 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Double, Engine, Integer, MetaData, create_engine, event
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Double,
+    Engine,
+    Integer,
+    MetaData,
+    create_engine,
+    event,
+    insert,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -155,3 +166,36 @@ def insert_for(session: Session, table: Any) -> Any:
     if name == "sqlite":
         return sqlite.insert(table)
     raise RuntimeError(f"unsupported database dialect {name!r}")
+
+
+def bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
+    """Insert many rows in the session's transaction, as fast as the database allows.
+
+    PostgreSQL: ``COPY … FROM STDIN`` on the session's own connection (executemany there
+    sends one INSERT per row). SQLite: executemany, which is fast in-process.
+    Every row must have the same keys.
+    """
+    if not rows:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(insert(table), rows)
+        return
+    from psycopg.types.json import Json
+
+    columns = list(rows[0])
+    json_columns = {c.name for c in table.columns if isinstance(c.type, JSON)}
+    raw = session.connection().connection.driver_connection
+    assert raw is not None, "the session has no live DBAPI connection"
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    with raw.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({quoted}) FROM STDIN') as copy:
+        if json_columns:
+            for row in rows:
+                copy.write_row(
+                    [
+                        Json(row[c]) if c in json_columns and row[c] is not None else row[c]
+                        for c in columns
+                    ]
+                )
+        else:
+            for row in rows:
+                copy.write_row([row[c] for c in columns])

@@ -11,11 +11,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, insert, select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from backend.actions.service import dispatch_for_rank, record_report
-from backend.db import insert_for, utcnow
+from backend.db import bulk_insert, insert_for, utcnow
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
 from backend.jobs.models import Job, Rank
@@ -60,10 +60,14 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
 
     base = {"job_id": job_id, "rank": batch.rank}
     if steps := by_type.get("step"):
-        session.execute(insert(StepRecord), [_step_row(e, base, batch.attempt) for e in steps])
+        bulk_insert(
+            session, StepRecord.__table__, [_step_row(e, base, batch.attempt) for e in steps]
+        )
     if colls := by_type.get("collective"):
-        session.execute(
-            insert(CollectiveRecord), [_collective_row(e, base, batch.attempt) for e in colls]
+        bulk_insert(
+            session,
+            CollectiveRecord.__table__,
+            [_collective_row(e, base, batch.attempt) for e in colls],
         )
     if opseqs := by_type.get("opseq"):
         session.execute(
@@ -76,10 +80,11 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
             ],
         )
     if requests := by_type.get("request"):
-        session.execute(insert(ServingRequest), [_request_row(e, base) for e in requests])
+        bulk_insert(session, ServingRequest.__table__, [_request_row(e, base) for e in requests])
     if metrics := by_type.get("metric"):
-        session.execute(
-            insert(MetricPoint),
+        bulk_insert(
+            session,
+            MetricPoint.__table__,
             [
                 {
                     **base,
@@ -92,8 +97,9 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
             ],
         )
     if named := by_type.get("event"):
-        session.execute(
-            insert(JobEvent),
+        bulk_insert(
+            session,
+            JobEvent.__table__,
             [
                 {
                     **base,
