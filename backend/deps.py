@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from backend.db import WRITE_TRANSACTION
+from backend.db import session_scope
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -19,17 +19,9 @@ def get_session(request: Request) -> Iterator[Session]:
     Requests that change things start a write transaction at once (on SQLite a deferred
     transaction that reads, then writes, fails immediately when another writer is active).
     """
-    session: Session = request.app.state.sessionmaker()
-    try:
-        if request.method not in READ_METHODS:
-            session.connection(execution_options={WRITE_TRANSACTION: True})
+    write = request.method not in READ_METHODS
+    with session_scope(request.app.state.sessionmaker, write=write) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 # scope="function": commit before the response is sent, so a 2xx means it is stored.

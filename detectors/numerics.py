@@ -38,6 +38,8 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
+from detectors import arrays
+from detectors.arrays import as_2d_float
 from detectors.finding import Finding
 
 __all__ = ["NumericsConfig", "detect_numerics"]
@@ -93,11 +95,11 @@ def detect_numerics(
     ['nan']
     """
     cfg = config or NumericsConfig()
-    loss_a = _as_2d_float(loss)
+    loss_a = as_2d_float(loss)
     n_ranks, n_steps = loss_a.shape
-    step_ids = _steps(steps, n_steps)
+    step_ids = arrays.step_ids(steps, n_steps)
     mask = None if reported is None else np.asarray(reported, dtype=bool).reshape(loss_a.shape)
-    grad_a = None if grad_norm is None else _as_2d_float(grad_norm).reshape(loss_a.shape)
+    grad_a = None if grad_norm is None else as_2d_float(grad_norm).reshape(loss_a.shape)
     if n_steps == 0 or n_ranks == 0:
         return []
 
@@ -308,26 +310,6 @@ def _loss_spike(
 
 
 # --- small helpers --------------------------------------------------------------------------
-
-
-def _as_2d_float(values: npt.ArrayLike) -> NDArray[np.floating[Any]]:
-    arr = np.asarray(values)
-    if not np.issubdtype(arr.dtype, np.floating):
-        arr = arr.astype(np.float64)
-    if arr.ndim == 1:
-        arr = arr[np.newaxis, :]
-    if arr.ndim != 2:
-        raise ValueError(f"expected a (ranks, steps) array, got shape {arr.shape}")
-    return arr
-
-
-def _steps(steps: npt.ArrayLike | None, n_steps: int) -> NDArray[np.int64]:
-    if steps is None:
-        return np.arange(n_steps, dtype=np.int64)
-    out = np.asarray(steps, dtype=np.int64).reshape(-1)
-    if out.size != n_steps:
-        raise ValueError(f"steps has {out.size} entries for {n_steps} columns")
-    return out
 
 
 def _round(value: float | np.floating[Any]) -> float:

@@ -36,6 +36,8 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
+from detectors import arrays
+from detectors.arrays import as_2d_float, sample_rows
 from detectors.finding import Finding
 
 __all__ = ["COMPONENTS", "SlowdownConfig", "detect_slowdown"]
@@ -80,15 +82,15 @@ def detect_slowdown(
     ['slowdown:compute']
     """
     cfg = config or SlowdownConfig()
-    step_a, comm_a, data_a = (_as_2d_float(a) for a in (step_s, comm_s, data_s))
+    step_a, comm_a, data_a = (as_2d_float(a) for a in (step_s, comm_s, data_s))
     if not step_a.shape == comm_a.shape == data_a.shape:
         raise ValueError(f"shapes differ: {step_a.shape}, {comm_a.shape}, {data_a.shape}")
     n_steps = step_a.shape[1]
-    step_ids = _steps(steps, n_steps)
+    step_ids = arrays.step_ids(steps, n_steps)
     if n_steps == 0 or step_a.shape[0] == 0:
         return []
 
-    rows = _sample_rows(step_a.shape[0], cfg.max_sample_ranks)
+    rows = sample_rows(step_a.shape[0], cfg.max_sample_ranks)
     step_x, comm_x, data_x = (np.array(a[rows], dtype=np.float64) for a in (step_a, comm_a, data_a))
     series = {
         "step": _median_rows(step_x),
@@ -204,30 +206,6 @@ def _finding(
 
 
 # --- small helpers --------------------------------------------------------------------------
-
-
-def _as_2d_float(values: npt.ArrayLike) -> NDArray[np.floating[Any]]:
-    arr = np.asarray(values)
-    if not np.issubdtype(arr.dtype, np.floating):
-        arr = arr.astype(np.float64)
-    if arr.ndim == 1:
-        arr = arr[np.newaxis, :]
-    if arr.ndim != 2:
-        raise ValueError(f"expected a (ranks, steps) array, got shape {arr.shape}")
-    return arr
-
-
-def _steps(steps: npt.ArrayLike | None, n_steps: int) -> NDArray[np.int64]:
-    if steps is None:
-        return np.arange(n_steps, dtype=np.int64)
-    out = np.asarray(steps, dtype=np.int64).reshape(-1)
-    if out.size != n_steps:
-        raise ValueError(f"steps has {out.size} entries for {n_steps} columns")
-    return out
-
-
-def _sample_rows(n_ranks: int, max_ranks: int) -> NDArray[np.intp]:
-    return np.unique(np.linspace(0, n_ranks - 1, min(n_ranks, max(1, max_ranks))).astype(np.intp))
 
 
 def _median_rows(x: NDArray[np.float64]) -> NDArray[np.float64]:

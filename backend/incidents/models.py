@@ -9,19 +9,9 @@ from sqlalchemy import JSON, BigInteger, Double, ForeignKey, Index, Integer, Str
 from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db import Base, UTCDateTime, utcnow
+from detectors.finding import KINDS
 
-INCIDENT_KINDS = (
-    "straggler",
-    "hang",
-    "crash",
-    "nan",
-    "loss_spike",
-    "slowdown",
-    "comm_anomaly",
-    "opseq_change",
-    "memory_pressure",
-    "slo_burn",
-)
+INCIDENT_KINDS = KINDS  # one list: the detectors' finding kinds
 SEVERITIES = ("info", "warning", "critical")
 INCIDENT_STATUSES = ("open", "resolved")
 
