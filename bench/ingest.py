@@ -249,11 +249,14 @@ def warm_up(endpoint: str, token: str, job: str, ranks: int, concurrency: int) -
 # --------------------------------------------------------------------------- COPY run
 
 
-def copy_load(dsn: str, job: str, ranks: int, batches: list[Batch]) -> tuple[int, float, int]:
+def copy_load(
+    dsn: str, job: str, ranks: int, batches: list[Batch]
+) -> tuple[int, float, float, int]:
     """Load the same step rows with one ``COPY steps FROM STDIN`` into a new job row.
 
-    Returns (rows, seconds, rows the API run stored for ``job``). The clock covers turning
-    the event dicts into rows, the COPY and the commit, like the server's own path does.
+    Returns (rows, seconds, CPU seconds of the PostgreSQL backend that ran the COPY, rows
+    the API run stored for ``job``). The clock covers turning the event dicts into rows,
+    the COPY and the commit, like the server's own path does.
     """
     import psycopg
 
@@ -265,7 +268,9 @@ def copy_load(dsn: str, job: str, ranks: int, batches: list[Batch]) -> tuple[int
             (copy_job, ranks, datetime.now(UTC)),
         ).fetchone()[0]
         conn.commit()
+        backend_pid = conn.info.backend_pid
         rows = 0
+        cpu0 = process_cpu_s(backend_pid)
         started = time.perf_counter()
         sql = f"COPY steps ({', '.join(STEP_COLUMNS)}) FROM STDIN"
         with conn.cursor() as cur, cur.copy(sql) as copy:
@@ -291,11 +296,46 @@ def copy_load(dsn: str, job: str, ranks: int, batches: list[Batch]) -> tuple[int
                     rows += 1
         conn.commit()
         seconds = time.perf_counter() - started
+        backend_cpu = process_cpu_s(backend_pid) - cpu0  # nan when PostgreSQL is not local
         stored = conn.execute(
             "SELECT count(*) FROM steps JOIN jobs ON jobs.id = steps.job_id WHERE jobs.name = %s",
             (job,),
         ).fetchone()[0]
-    return rows, seconds, stored
+    return rows, seconds, backend_cpu, stored
+
+
+# --------------------------------------------------------------------------- CPU accounting
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and all its threads (Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_backends_cpu_s(dbname: str) -> float:
+    """CPU seconds of the local PostgreSQL backends now connected to ``dbname``.
+
+    Backends are found by their process title (``postgres: … <user> <dbname> …``); one
+    that exits between two readings is lost, so read around work on pooled connections.
+    """
+    total = 0.0
+    needle = f" {dbname} ".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                title = f.read()
+        except OSError:
+            continue
+        if title.startswith(b"postgres:") and needle in title:
+            total += process_cpu_s(int(entry))
+    return total
 
 
 # --------------------------------------------------------------------------- main
@@ -331,6 +371,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gzip", action="store_true", help="send gzip-compressed bodies")
     p.add_argument("--copy-dsn", help="also COPY the same rows into this PostgreSQL database")
     p.add_argument("--job", help="job name (default: bench-<UTC time>)")
+    p.add_argument(
+        "--server-pid",
+        type=int,
+        help="report the CPU time of this server process (and, with --copy-dsn, of the "
+        "PostgreSQL backends serving that database) during the API run; Linux only",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="stop sending after this many s")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up batches")
     p.add_argument("--json", action="store_true", help="print a JSON summary line at the end")
@@ -346,13 +392,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 < args.timeout <= 3600:
         p.error("--timeout must be in (0, 3600]")
     require_loopback(urlsplit(args.endpoint).hostname, "--endpoint")
+    args.copy_dbname = None
     if args.copy_dsn:
         import psycopg.conninfo
 
         if not args.copy_dsn.startswith(("postgresql://", "postgres://", "host=", "dbname=")):
             p.error("--copy-dsn must be a PostgreSQL DSN")
-        host = psycopg.conninfo.conninfo_to_dict(args.copy_dsn).get("host")
+        conninfo = psycopg.conninfo.conninfo_to_dict(args.copy_dsn)
+        host = conninfo.get("host")
         require_loopback(str(host) if host is not None else None, "--copy-dsn")
+        args.copy_dbname = conninfo.get("dbname")
     args.job = args.job or f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     return args
 
@@ -376,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_warmup:
         warm_up(endpoint, args.token, args.job, args.ranks, args.concurrency)
 
+    dbname = args.copy_dbname
+    server0 = process_cpu_s(args.server_pid) if args.server_pid else math.nan
+    pg0 = postgres_backends_cpu_s(str(dbname)) if args.server_pid and dbname else math.nan
     cpu0 = os.times()
     tally, seconds = send_all(
         batches,
@@ -388,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     cpu1 = os.times()
     client_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    server_cpu = process_cpu_s(args.server_pid) - server0 if args.server_pid else math.nan
+    pg_cpu = postgres_backends_cpu_s(str(dbname)) - pg0 if args.server_pid and dbname else math.nan
 
     lat = sorted(tally.latencies)
     api_rate = tally.events / seconds if seconds > 0 else 0.0
@@ -420,9 +474,22 @@ def main(argv: list[str] | None = None) -> int:
     for sample in tally.error_samples:
         print(f"  error: {sample}")
     print(f"client:  {client_cpu:.1f} s CPU ({client_cpu / seconds:.0%} of one core)")
+    if args.server_pid and tally.events:
+        per_event = 1e6 / tally.events
+        line = f"server:  {server_cpu:.1f} s CPU, {server_cpu * per_event:.0f} µs/event"
+        if not math.isnan(pg_cpu):
+            line += f"; PostgreSQL backends {pg_cpu:.1f} s CPU, {pg_cpu * per_event:.0f} µs/event"
+        print(line)
+        summary |= {
+            "server_cpu_s": round(server_cpu, 2),
+            "server_us_per_event": round(server_cpu * per_event, 1),
+        }
+        if not math.isnan(pg_cpu):
+            summary["pg_cpu_s"] = round(pg_cpu, 2)
+            summary["pg_us_per_event"] = round(pg_cpu * per_event, 1)
 
     if args.copy_dsn:
-        rows, copy_s, stored = copy_load(args.copy_dsn, args.job, args.ranks, batches)
+        rows, copy_s, copy_cpu, stored = copy_load(args.copy_dsn, args.job, args.ranks, batches)
         copy_rate = rows / copy_s
         summary |= {
             "copy_rows": rows,
@@ -430,8 +497,12 @@ def main(argv: list[str] | None = None) -> int:
             "copy_rows_per_s": round(copy_rate),
             "api_copy_ratio": round(api_rate / copy_rate, 3),
             "api_rows_stored": stored,
+            "copy_pg_us_per_row": round(copy_cpu * 1e6 / rows, 1),
         }
-        print(f"copy:    {rows:,} rows in {copy_s:.2f} s, {copy_rate:,.0f} rows/s")
+        print(
+            f"copy:    {rows:,} rows in {copy_s:.2f} s, {copy_rate:,.0f} rows/s; "
+            f"PostgreSQL backend {copy_cpu * 1e6 / rows:.0f} µs/row"
+        )
         print(f"ratio:   API events/s ÷ COPY rows/s = {api_rate / copy_rate:.3f}")
         if stored != tally.events:
             print(f"warning: the database holds {stored:,} step rows for {args.job}")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN
-from tests.servers import live_server
+from tests.servers import kill_tree, live_server
 
 pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny_gpt.py"
@@ -71,7 +70,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 240) -> str:
         out, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
     return out
 
 
@@ -150,7 +149,7 @@ def test_hang_heartbeats_show_who_waits_in_which_collective(sqlite_url):
             later = {r["rank"]: r for r in get(base, "/ranks")}
             assert later[0]["last_heartbeat_ts"] > waiting["last_heartbeat_ts"]  # still flowing
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
 
 

@@ -4,7 +4,6 @@ with VIGIL_CHAOS, a real server detecting in its background loop; incidents read
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN
-from tests.servers import live_server
+from tests.servers import kill_tree, live_server
 
 pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train_tiny_gpt.py"
@@ -109,7 +108,7 @@ def test_hang_in_a_real_job_names_the_hung_rank(sqlite_url):
         try:
             found = wait_for(base, job, {"hang"}, timeout=120)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
     hangs = [i for i in found if i["kind"] == "hang"]
     assert len(hangs) == 1, found
