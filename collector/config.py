@@ -48,7 +48,7 @@ class Config:
     # Shipping and sampling knobs (VIGIL_HEARTBEAT_S, VIGIL_FLUSH_S, …).
     heartbeat_s: float = 1.0
     flush_s: float = 1.0
-    max_batch: int = 2000
+    max_batch: int = 5000
     max_queue: int = 20_000
     timeout_s: float = 5.0
     exit_timeout_s: float = 2.0
@@ -87,7 +87,7 @@ class Config:
             host=env.get("VIGIL_HOSTNAME") or socket.gethostname(),
             heartbeat_s=max(0.05, _float(env, "VIGIL_HEARTBEAT_S", 1.0)),
             flush_s=max(0.05, _float(env, "VIGIL_FLUSH_S", 1.0)),
-            max_batch=max(1, _int(env, "VIGIL_MAX_BATCH", 2000)),
+            max_batch=max(1, _int(env, "VIGIL_MAX_BATCH", 5000)),
             max_queue=max(100, _int(env, "VIGIL_MAX_QUEUE", 20_000)),
             timeout_s=max(0.1, _float(env, "VIGIL_TIMEOUT_S", 5.0)),
             exit_timeout_s=_float(env, "VIGIL_EXIT_TIMEOUT_S", 2.0),

@@ -30,7 +30,9 @@ class StepRecord(Base):
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # No foreign key: the hottest append-only table; checking it per row costs Postgres as
+    # much as both indexes (bench/README.md). Rows go when their job is deleted, in code.
+    job_id: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     step: Mapped[int] = mapped_column(BigInteger)
@@ -52,7 +54,9 @@ class CollectiveRecord(Base):
     __table_args__ = (Index("ix_collectives_job_step", "job_id", "step", "rank"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # No foreign key: the hottest append-only table; checking it per row costs Postgres as
+    # much as both indexes (bench/README.md). Rows go when their job is deleted, in code.
+    job_id: Mapped[int] = mapped_column(Integer)
     rank: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     step: Mapped[int | None] = mapped_column(BigInteger)
