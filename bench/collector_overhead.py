@@ -128,7 +128,14 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def start_server(port: int, db: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "VIGIL_DATABASE_URL": f"sqlite:///{db}", "VIGIL_LOG_LEVEL": "WARNING"}
+    # Detection off: while one mode runs, the other client's job sits idle with live
+    # heartbeats, which is (correctly) a hang; those incidents would only add noise here.
+    env = {
+        **os.environ,
+        "VIGIL_DATABASE_URL": f"sqlite:///{db}",
+        "VIGIL_LOG_LEVEL": "WARNING",
+        "VIGIL_DETECT_INTERVAL_S": "0",
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "backend", "server", "--port", str(port)], env=env, cwd=ROOT
     )
