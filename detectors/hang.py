@@ -111,7 +111,9 @@ class HangConfig:
     """Thresholds; the step timeout is learned, these only bound it.
 
     floor_s: the step timeout never goes below this.
-    safety_factor: step timeout = safety_factor * the slowest recent step.
+    safety_factor: step timeout = safety_factor * the median recent step ...
+    slowest_factor: ... but at least slowest_factor * the slowest one (a job whose steps
+        vary, e.g. an evaluation every N steps, is not called hung in its slow steps).
     no_history_timeout_s: step timeout while no step duration is known.
     heartbeat_interval_s: how often the collector sends a heartbeat.
     heartbeat_floor_s, heartbeat_factor: a rank silent for longer than
@@ -119,7 +121,8 @@ class HangConfig:
     """
 
     floor_s: float = 10.0
-    safety_factor: float = 5.0
+    safety_factor: float = 4.5
+    slowest_factor: float = 1.5
     no_history_timeout_s: float = 300.0
     heartbeat_interval_s: float = 1.0
     heartbeat_floor_s: float = 5.0
@@ -142,7 +145,8 @@ class StepTimeout:
 
 
 def learn_timeout(step_durations: ArrayLike, config: HangConfig | None = None) -> StepTimeout:
-    """``max(floor_s, safety_factor * slowest recent step)``; non-finite or ≤ 0 values dropped.
+    """``max(floor_s, safety_factor * median, slowest_factor * slowest)`` of recent steps;
+    non-finite or ≤ 0 values dropped.
 
     >>> learn_timeout([0.3, 0.5, 0.4]).seconds
     10.0
@@ -161,17 +165,15 @@ def learn_timeout(step_durations: ArrayLike, config: HangConfig | None = None) -
             how=f"no step durations yet; default {cfg.no_history_timeout_s:g} s",
         )
     slowest = float(d.max())
-    scaled = cfg.safety_factor * slowest
-    if scaled >= cfg.floor_s:
-        how = (
-            f"{cfg.safety_factor:g} * slowest of the last {d.size} steps "
-            f"({slowest:.3g} s) = {scaled:.3g} s"
-        )
-        return StepTimeout(scaled, "learned", slowest, int(d.size), how)
-    how = (
-        f"floor {cfg.floor_s:g} s ({cfg.safety_factor:g} * slowest of the last {d.size} steps, "
-        f"{slowest:.3g} s, is {scaled:.3g} s)"
+    median = float(np.median(d))
+    scaled = max(cfg.safety_factor * median, cfg.slowest_factor * slowest)
+    basis = (
+        f"max({cfg.safety_factor:g} * median {median:.3g} s, "
+        f"{cfg.slowest_factor:g} * slowest {slowest:.3g} s) of the last {d.size} steps"
     )
+    if scaled >= cfg.floor_s:
+        return StepTimeout(scaled, "learned", slowest, int(d.size), f"{basis} = {scaled:.3g} s")
+    how = f"floor {cfg.floor_s:g} s ({basis} is {scaled:.3g} s)"
     return StepTimeout(cfg.floor_s, "floor", slowest, int(d.size), how)
 
 
@@ -431,6 +433,11 @@ def detect(
 
     silent = {s.rank: now - s.last_seen_ts for s in states if now - s.last_seen_ts > hb_timeout}
     dead: set[int] = set(silent)
+    if dead and len(dead) < len(states):
+        # Ranks of a failed node die together but their last heartbeats are up to one
+        # interval apart: once one is dead, a rank quiet for two intervals is dead too.
+        quiet = 2 * cfg.heartbeat_interval_s
+        dead |= {s.rank for s in states if now - s.last_seen_ts > quiet}
     stopped_together = False
     if len(dead) == len(states):
         newest = max(s.last_seen_ts for s in states)
@@ -444,8 +451,13 @@ def detect(
     progress = [s.last_step_ts for s in states if s.last_step_ts is not None]
     last_progress = max(progress) if progress else None
     stalled_s = None if last_progress is None else now - last_progress
-    hung = stalled_s is not None and stalled_s > timeout.seconds
     alive = [s for s in states if s.rank not in dead]
+    # With no rank in any collective the job is working outside communication (a
+    # synchronous checkpoint, evaluation on one rank, …): allow the long timeout.
+    limit = timeout.seconds
+    if not any(s.inflight is not None for s in alive):
+        limit = max(limit, cfg.no_history_timeout_s)
+    hung = stalled_s is not None and stalled_s > limit
     steps = [s.step_in_progress for s in (alive or states)]
     stop_steps = [v for v in steps if v is not None]
     stuck_step = min(stop_steps) if stop_steps else None

@@ -147,7 +147,15 @@ def _nonfinite(
     ranks_bad = [b.any(axis=1) for _, b, _ in present]
     bad_steps = np.logical_or.reduce(steps_bad)
     first = int(np.argmax(bad_steps))
-    origin = np.flatnonzero(np.logical_or.reduce([b[:, first] for _, b, _ in present]))
+    # The ranks to blame are those whose *loss* went bad first: the grad norm people log is
+    # usually all-reduced, so it turns non-finite on every rank at once. Only when the loss
+    # is still finite at that step do the grad-norm ranks stand in.
+    at_first = {name: b[:, first] for name, b, _ in present}
+    loss_first = at_first.get("loss")
+    if loss_first is not None and loss_first.any():
+        origin = np.flatnonzero(loss_first)
+    else:
+        origin = np.flatnonzero(np.logical_or.reduce(list(at_first.values())))
     n_affected = int(np.logical_or.reduce(ranks_bad).sum())
     last_reported = _last_reported_column(mask, loss.shape[1])
     active = any(bool(b[:, last_reported].any()) for _, b, _ in present)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.jobs.models import Job, Rank
@@ -141,13 +141,17 @@ def load_collectives(*, session: Session, job_id: int, window: Window) -> Collec
     )
 
 
-def recent_step_durations(*, session: Session, job_id: int, limit: int = 400) -> list[float]:
+def recent_step_durations(*, session: Session, job_id: int, steps: int = 50) -> list[float]:
+    """The job's step times over its last ``steps`` steps (slowest rank per step: in
+    synchronous training that is the job's step time), to learn the hang timeout."""
+    attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
     return list(
         session.scalars(
-            select(StepRecord.duration_s)
-            .where(StepRecord.job_id == job_id)
-            .order_by(StepRecord.id.desc())
-            .limit(limit)
+            select(func.max(StepRecord.duration_s))
+            .where(StepRecord.job_id == job_id, StepRecord.attempt == attempt)
+            .group_by(StepRecord.step)
+            .order_by(StepRecord.step.desc())
+            .limit(steps)
         )
     )
 

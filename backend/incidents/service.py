@@ -54,7 +54,7 @@ def apply_findings(
         fp = fingerprint(job_id, f.key)
         seen.add(fp)
         row = open_rows.get(fp)
-        if row is None and not f.active and _episode_known(session, fp, f.first_step):
+        if row is None and not f.active and _episode_known(session, fp, f):
             continue  # this finished episode is already on record
         if row is None:
             row = Incident(
@@ -78,11 +78,28 @@ def apply_findings(
     return changes
 
 
-def _episode_known(session: Session, fp: str, first_step: int | None) -> bool:
-    query = select(Incident.id).where(Incident.fingerprint == fp)
-    if first_step is not None:
-        query = query.where(Incident.first_step == first_step)
-    return session.scalar(query.limit(1)) is not None
+def _episode_known(session: Session, fp: str, f: Finding) -> bool:
+    """Whether an incident with this fingerprint already covers the finding's episode.
+
+    Sliding windows re-date an episode (its first step moves as the window moves), so
+    episodes match when their step ranges overlap, not on equal first steps.
+    """
+    if f.first_step is None:
+        return (
+            session.scalar(select(Incident.id).where(Incident.fingerprint == fp).limit(1))
+            is not None
+        )
+    last = f.last_step if f.last_step is not None else f.first_step
+    rows = session.execute(
+        select(Incident.first_step, Incident.evidence).where(Incident.fingerprint == fp)
+    ).all()
+    for first_step, evidence in rows:
+        if first_step is None:
+            return True
+        ended = (evidence or {}).get("last_step", first_step)
+        if first_step <= last and f.first_step <= ended:
+            return True
+    return False
 
 
 def _differs(row: Incident, f: Finding) -> bool:

@@ -132,3 +132,23 @@ def test_incidents_api_errors(client, job_id):
     assert (
         client.get(f"/api/v1/jobs/{JOB}/incidents?status=bogus", headers=ADMIN).status_code == 422
     )
+
+
+def test_transient_episode_redated_by_a_sliding_window_is_not_recorded_twice(
+    client, session, job_id
+):
+    for first in (1810, 1812, 1815):  # the same episode, seen from later windows
+        apply_findings(
+            session=session,
+            job_id=job_id,
+            findings=[straggler(active=False, first=first)],
+            covered_kinds={"straggler"},
+        )
+    apply_findings(
+        session=session,
+        job_id=job_id,
+        findings=[straggler(active=False, first=2500)],  # a new episode
+        covered_kinds={"straggler"},
+    )
+    session.commit()
+    assert sorted(i["first_step"] for i in incidents(client)) == [1810, 2500]
