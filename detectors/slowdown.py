@@ -149,7 +149,10 @@ def _episodes(y: NDArray[np.float64], cfg: SlowdownConfig) -> list[tuple[int, in
         else:
             recovery, end = n, n - 1
         prior = y[:onset][before[:onset]]
-        rise = math.expm1(np.median(y[onset : end + 1]) - np.median(prior)) if prior.size else 0.0
+        # Confirm on the episode's lower quartile: a real slowdown moves every step, while
+        # clusters of one-rank pauses (GC, …) only lift the upper part of the distribution.
+        low = np.percentile(y[onset : end + 1], 25)
+        rise = math.expm1(low - np.median(prior)) if prior.size else 0.0
         if end - onset + 1 >= cfg.min_steps and rise >= cfg.min_shift:
             out.append((onset, end, recovery >= n))
             before[onset : end + 1] = False
