@@ -81,6 +81,7 @@ class Client:
         self._listeners: list[StepListener] = []
         self._said_goodbye = False
         self._step_thread: int | None = None
+        self._rss = rss_bytes()  # refreshed by every heartbeat tick
         self._agg: dict[tuple[str, str, int | None], list[Any]] = {}
         self._inflight: dict[int, Collective] = {}
         self._seq: dict[str, int] = {}
@@ -165,7 +166,10 @@ class Client:
         cur.duration_s = now - cur.started
         cur.ts = time.time()
         cur.ended_at = time.monotonic()
-        cur.mem_bytes = memory_bytes()
+        # CUDA peak per step (no I/O); off GPU the RSS the heartbeat thread last read, so
+        # the training thread never opens /proc on its step path.
+        peak = cuda_peak_bytes()
+        cur.mem_bytes = peak if peak is not None else self._rss
         self._pending, self._current = cur, None
         self._flush_collectives_locked(cur.step)
 
@@ -310,6 +314,7 @@ class Client:
     # -- heartbeat (worker thread) -----------------------------------------------------
 
     def _tick(self) -> list[Event]:
+        self._rss = rss_bytes() or self._rss
         if self._said_goodbye:
             return []  # a later heartbeat would undo the goodbye
         with self._lock:
@@ -386,8 +391,8 @@ def to_float(value: Any) -> float | None:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def memory_bytes() -> int | None:
-    """Peak CUDA allocator memory when on GPU, else current process RSS (Linux)."""
+def cuda_peak_bytes() -> int | None:
+    """Peak CUDA allocator memory since the last call (resets the peak), or None off GPU."""
     torch = _torch_if_loaded()
     if torch is not None:
         try:
@@ -397,6 +402,11 @@ def memory_bytes() -> int | None:
                 return peak
         except Exception:
             pass
+    return None
+
+
+def rss_bytes() -> int | None:
+    """Current process RSS (Linux). Reads /proc, so it runs on the worker thread."""
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
