@@ -1,11 +1,13 @@
 """Every table, imported in one place so ``Base.metadata`` is complete (Alembic uses it)."""
 
 from backend.actions.models import Action
+from backend.alerts.models import WebhookDelivery, WebhookReceiver
 from backend.auth.models import ApiToken
 from backend.db import Base
 from backend.incidents.models import Incident
 from backend.ingest.models import IngestBatch
 from backend.jobs.models import Job, Rank
+from backend.recovery.models import AuditEntry, RecoveryPolicy
 from backend.telemetry.models import (
     CollectiveRecord,
     JobEvent,
@@ -18,6 +20,7 @@ from backend.telemetry.models import (
 __all__ = [
     "Action",
     "ApiToken",
+    "AuditEntry",
     "Base",
     "CollectiveRecord",
     "Incident",
@@ -27,6 +30,9 @@ __all__ = [
     "MetricPoint",
     "OpSequence",
     "Rank",
+    "RecoveryPolicy",
     "ServingRequest",
     "StepRecord",
+    "WebhookDelivery",
+    "WebhookReceiver",
 ]

@@ -20,8 +20,9 @@ Method, per family:
    ``bytes / min_member_duration`` (algorithm bandwidth).
 2. **Reference.** With at least ``min_peers`` groups, the per-step median bandwidth of the
    family's groups (of at most ``max_peer_sample``, evenly spaced: peers run the same op on
-   the same message sizes over the same kind of links, so they should match). With fewer
-   groups, the group's own median over the first ``baseline_steps`` steps.
+   the same message sizes over the same kind of links, so they should match); with exactly
+   two groups, the other group's bandwidth at the same step. A single group is judged
+   against its own median over the first ``baseline_steps`` steps.
 3. **Slow group.** Bandwidth below ``1 - min_drop`` times the reference on at least
    ``min_frac`` of some ``min_steps`` consecutive steps (blips do not count). ``active`` when
    that also holds for the last ``min_steps`` steps.
@@ -114,8 +115,9 @@ class CommConfig:
     """Length of the run of steps that must be mostly slow."""
     min_frac: float = 0.8
     """Fraction of a ``min_steps`` run that must be slow."""
-    min_peers: int = 3
-    """Families with at least this many groups compare each group against its peers."""
+    min_peers: int = 2
+    """Families with at least this many groups compare each group against its peers (with
+    exactly two, against the other one); smaller families against their own history."""
     baseline_steps: int = 20
     """Steps at the start of the window that give a group (or family) its own baseline."""
     max_group_suspects: int = 8
@@ -194,7 +196,11 @@ def _scan_family(
     peers = n_groups >= cfg.min_peers
     sample = np.unique(np.linspace(0, n_groups - 1, min(n_groups, cfg.max_peer_sample)).astype(int))
     family_bw = _nanmedian_cols(bw[sample]) if peers else None
-    if family_bw is not None:
+    if family_bw is not None and n_groups == 2:
+        # The median of two is their mean, which a slow group drags down with it: compare
+        # each group with the other one instead (both slow together is a family-wide drop).
+        reference = bw[::-1]
+    elif family_bw is not None:
         reference = np.broadcast_to(family_bw, bw.shape)
     else:
         reference = np.broadcast_to(_nanmedian_rows(bw[:, : cfg.baseline_steps])[:, None], bw.shape)

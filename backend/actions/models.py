@@ -1,6 +1,9 @@
 """Recovery actions: a state machine with an idempotency key, who asked, and a result.
 
-pending → dispatched → acked → succeeded | failed | cancelled | expired
+proposed → (approved) pending → dispatched → acked → succeeded | failed | cancelled | expired
+
+``proposed`` is an action the recovery policy chose for a job whose policy says
+``approve``: nothing reaches a rank until a person approves it (it becomes ``pending``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ ACTION_KINDS = (
     "apply_swap_policy",
     "exit_for_restart",
 )
-ACTION_STATES = ("pending", "dispatched", "acked", "succeeded", "failed", "cancelled", "expired")
+ACTION_STATES = (
+    "proposed",
+    "pending",
+    "dispatched",
+    "acked",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "expired",
+)
 
 
 class Action(Base):
@@ -39,6 +51,9 @@ class Action(Base):
     target_ranks: Mapped[list[int] | None] = mapped_column(JSON)
     params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     reason: Mapped[str] = mapped_column(Text, default="")
+    # The recovery policy's choice: candidates with their expected costs, guards applied.
+    reasoning: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    approved_by: Mapped[str | None] = mapped_column(String(128))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Per-rank progress: {"3": {"state": "succeeded", "result": {...}, "at": "..."}}.
     deliveries: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -149,15 +149,40 @@ def test_family_wide_drop_is_reported_without_ranks() -> None:
     assert f.first_step == 100 and f.evidence["drop_pct"] == pytest.approx(67, abs=5)
 
 
-def test_few_groups_use_their_own_history() -> None:
-    """16 ranks: two tp groups, fewer than min_peers, so each is held to its own baseline."""
+def test_two_groups_compare_with_each_other() -> None:
+    """16 ranks: two tp groups; each is held to the other, so a 1.6x slow group is found."""
     tp_only = [f for f in families(ranks=16) if f.kind == "tp"]
     assert len(tp_only[0].group_names) == 2
     assert detect_comm(tp_only) == []
-    slow_tp = [f for f in families(ranks=16, slow={"tp-1": (100, None, 3.0)}) if f.kind == "tp"]
+    slow_tp = [f for f in families(ranks=16, slow={"tp-1": (100, None, 1.6)}) if f.kind == "tp"]
     (f,) = detect_comm(slow_tp)
     assert f.key == "comm_anomaly:group:tp-1" and f.first_step == 100
     assert f.ranks == tuple(range(8, 16))
+
+
+def test_two_groups_slow_together_is_a_family_drop() -> None:
+    both = {"tp-0": (100, None, 3.0), "tp-1": (100, None, 3.0)}
+    tp_only = [f for f in families(ranks=16, slow=both) if f.kind == "tp"]
+    (f,) = detect_comm(tp_only)
+    assert f.key == "comm_anomaly:family:tp/all_reduce" and f.ranks == ()
+
+
+def test_slow_link_at_16_ranks_names_the_rank() -> None:
+    """tp family of two groups, dp family of eight pairs: the common member is named."""
+    (f,) = detect_comm(families(ranks=16, slow_rank=11))
+    assert f.ranks == (11,) and f.key == "comm_anomaly:rank:11"
+
+
+def test_single_group_uses_its_own_history() -> None:
+    one = [f for f in families(ranks=8) if f.kind == "tp"]
+    assert len(one[0].group_names) == 1
+    assert detect_comm(one) == []
+    slow = [f for f in families(ranks=8, slow={"tp-0": (100, None, 3.0)}) if f.kind == "tp"]
+    (f,) = detect_comm(slow)
+    assert f.key == "comm_anomaly:group:tp-0" and f.first_step == 100
+    assert f.ranks == tuple(range(8)) and "own_baseline_gbps" in f.evidence["slow_groups"][0]
+    mild = [f for f in families(ranks=8, slow={"tp-0": (100, None, 1.6)}) if f.kind == "tp"]
+    assert detect_comm(mild) == []  # own history moves with host load: a 1.6x drop is noise
 
 
 def test_blips_and_short_windows() -> None:
