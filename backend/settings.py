@@ -84,6 +84,23 @@ class Settings(BaseSettings):
         2.0, gt=0, description="Look for hangs and crashes (silent jobs) this often."
     )
     detect_window_steps: int = Field(200, ge=10, description="Steps the detectors look at.")
+    public_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="How people reach this Vigil (links in alerts, e.g. https://vigil.example).",
+    )
+    webhook_timeout_s: float = Field(5.0, gt=0, le=60, description="Per webhook request.")
+    webhook_max_attempts: int = Field(
+        8, ge=1, le=50, description="Tries per notification before it is marked failed."
+    )
+    webhook_backoff_s: float = Field(
+        2.0, gt=0, description="First retry delay; doubles per attempt (capped at 10 minutes)."
+    )
+    restart_cooldown_s: float = Field(
+        300, ge=0, description="Default: no automatic action on a job this soon after another."
+    )
+    max_restarts_per_hour: int = Field(
+        3, ge=0, description="Default cap on restarts and evictions per job per hour."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("database_url")
