@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,18 +21,24 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend import __version__
 from backend.actions.views import router as actions_router
+from backend.alerts.views import router as alerts_router
 from backend.auth.service import TokenVerifier
+from backend.celery_app import configure
 from backend.db import make_engine, make_sessionmaker
-from backend.detection.scheduler import DetectionLoop
+from backend.goodput.views import router as goodput_router
 from backend.incidents.views import router as incidents_router
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
 from backend.ingest.views import router as ingest_router
 from backend.jobs.views import router as jobs_router
+from backend.recovery.views import router as recovery_router
 from backend.metrics import REGISTRY
 from backend.settings import Settings, get_settings
+from backend.ticker import Ticker
 from backend.ui.views import router as ui_router
 from frontend import STATIC_DIR
+
+log = logging.getLogger(__name__)
 
 
 def create_app(
@@ -44,23 +52,19 @@ def create_app(
     engine = engine or make_engine(settings.database_url, pool_size=settings.db_pool_size)
     factory = session_factory or make_sessionmaker(engine)
 
-    detection = (
-        DetectionLoop(
-            factory,
-            interval_s=settings.detect_interval_s,
-            sweep_s=settings.sweep_interval_s,
-            window_steps=settings.detect_window_steps,
-        )
-        if settings.detect_interval_s > 0
-        else None
-    )
+    rt = configure(settings, factory)
+    # What ingest calls when a job has new data: the in-process ticker (embedded), or a
+    # debounced Celery task (distributed); None when detection is switched off.
+    detection: Ticker | RedisDebounce | None = None
+    if settings.detect_interval_s > 0:
+        detection = Ticker(rt) if settings.embedded else RedisDebounce()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if detection is not None:
+        if isinstance(detection, Ticker):
             detection.start()
         yield
-        if detection is not None:
+        if isinstance(detection, Ticker):
             detection.stop()
 
     app = FastAPI(
@@ -80,6 +84,9 @@ def create_app(
     app.include_router(jobs_router)
     app.include_router(actions_router)
     app.include_router(incidents_router)
+    app.include_router(alerts_router)
+    app.include_router(goodput_router)
+    app.include_router(recovery_router)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
 
@@ -126,3 +133,23 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+class RedisDebounce:
+    """Distributed mode: queue one detection task per job and interval (see
+    :func:`backend.detection.tasks.schedule_detection`). Redis trouble is logged, never
+    raised: the batch is stored, and the next batch schedules the run."""
+
+    def __init__(self) -> None:
+        self._warned = 0.0
+
+    def mark(self, job_id: int) -> None:
+        from backend.detection.tasks import schedule_detection
+
+        try:
+            schedule_detection(job_id)
+        except Exception:
+            now = time.monotonic()
+            if now - self._warned > 60:  # once a minute, not once a batch
+                self._warned = now
+                log.exception("could not schedule detection for job %s", job_id)

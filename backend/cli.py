@@ -2,6 +2,7 @@
 
 vigil server                      # API (embedded: SQLite, migrates itself)
 vigil migrate                     # upgrade the database to the latest schema
+vigil worker / vigil beat         # distributed mode: Celery worker and scheduler
 vigil token create -s read -n ci  # prints a new token once
 vigil jobs                        # jobs known to a running server
 vigil demo --fast                 # start embedded, replay a real job, print what to look at
@@ -12,7 +13,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
+
+if TYPE_CHECKING:
+    from backend.settings import Settings
 
 try:
     import typer
@@ -101,6 +105,58 @@ else:
             port=port or settings.port,
             log_level=settings.log_level.lower(),
         )
+
+    def _distributed_settings() -> Settings:
+        settings: Settings = _settings()
+        if settings.embedded:
+            err.print(
+                "[red]VIGIL_REDIS_URL is not set: workers and beat are for distributed mode "
+                "(in embedded mode `vigil server` runs everything in-process)[/red]"
+            )
+            raise typer.Exit(2)
+        return settings
+
+    @app.command()
+    def worker(
+        concurrency: Annotated[int, typer.Option(help="Worker processes")] = 2,
+        pool: Annotated[
+            str, typer.Option(help="Celery pool: prefork, threads or solo")
+        ] = "prefork",
+    ) -> None:
+        """Run a Celery worker: detection, sweeps, webhook delivery, action upkeep."""
+        from backend.celery_app import QUEUE, celery, configure
+
+        settings = _distributed_settings()
+        _ensure_schema(settings.database_url, False)
+        configure(settings)
+        import backend.tasks  # noqa: F401  (registers every task)
+
+        celery.worker_main(
+            [
+                "worker",
+                f"--queues={QUEUE}",
+                f"--concurrency={concurrency}",
+                f"--pool={pool}",
+                f"--loglevel={settings.log_level}",
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
+
+    @app.command()
+    def beat() -> None:
+        """Run Celery beat: the periodic sweeps. Run one per installation (periodic tasks
+        also take a Redis lock, so a second beat by mistake does no double work)."""
+        import tempfile
+
+        from backend.celery_app import celery, configure
+
+        settings = _distributed_settings()
+        configure(settings)
+        import backend.tasks  # noqa: F401
+
+        schedule = Path(tempfile.gettempdir()) / f"vigil-beat-{os.getuid()}"
+        celery.start(["beat", f"--loglevel={settings.log_level}", f"--schedule={schedule}"])
 
     @app.command("migrate")
     def migrate_cmd() -> None:

@@ -21,3 +21,16 @@ INGEST_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
     registry=REGISTRY,
 )
+TASK_RUNS = Counter(
+    "vigil_task_runs_total",
+    "Background task runs by task and outcome.",
+    ["task", "outcome"],
+    registry=REGISTRY,
+)
+TASK_SECONDS = Histogram(
+    "vigil_task_seconds",
+    "Time per background task run.",
+    ["task"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)

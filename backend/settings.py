@@ -84,6 +84,9 @@ class Settings(BaseSettings):
         2.0, gt=0, description="Look for hangs and crashes (silent jobs) this often."
     )
     detect_window_steps: int = Field(200, ge=10, description="Steps the detectors look at.")
+    retention_days: float = Field(
+        30, ge=0, description="Delete telemetry older than this many days; 0 keeps it forever."
+    )
     public_url: str = Field(
         "http://127.0.0.1:8000",
         description="How people reach this Vigil (links in alerts, e.g. https://vigil.example).",

@@ -97,3 +97,86 @@ def kill_tree(pid: int) -> None:
     for victim in doomed:
         with suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
+
+
+@contextmanager
+def vigil_process(args: list[str], env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A long-running ``vigil`` command (worker, beat) for the duration of a test."""
+    proc = subprocess.Popen(
+        [*VIGIL, *args],
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+class Receiver:
+    """A webhook receiver the test starts: records every POST; can be told to fail.
+
+    >>> with Receiver() as rx:
+    ...     url = rx.url("/am")        # point a Vigil webhook here
+    ...     rx.wait(lambda reqs: len(reqs) >= 1, timeout=5)
+    """
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[dict[str, object]] = []
+        self.fail_next = 0  # answer this many requests with 500 first
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with outer._lock:
+                    failing = outer.fail_next > 0
+                    outer.fail_next -= int(failing)
+                    outer.requests.append(
+                        {
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": body,
+                            "answered": 500 if failing else 200,
+                        }
+                    )
+                self.send_response(500 if failing else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}{path}"
+
+    def received(self, path: str | None = None) -> list[dict[str, object]]:
+        with self._lock:
+            return [r for r in self.requests if path is None or r["path"] == path]
+
+    def wait(self, ready, timeout: float = 30) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not ready(self.received()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"receiver: condition not met in {timeout} s: {self.requests}")
+            time.sleep(0.1)
+        return self.received()
+
+    def __enter__(self) -> Receiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -38,6 +38,10 @@ class ActionOut(BaseModel):
     deliveries: dict[str, Any]
     result: dict[str, Any] | None
     incident_id: int | None
+    reasoning: dict[str, Any] | None = Field(
+        None, description="The recovery policy's cost table and the guards it checked."
+    )
+    approved_by: str | None = None
     created_at: datetime
     updated_at: datetime
     expires_at: datetime | None

@@ -4,6 +4,13 @@ An action targets some ranks (or all of the job's ranks). Each targeted rank get
 in an ingest reply; its progress is kept per rank in ``deliveries``, and the action's own
 state follows: pending → dispatched (first rank got it) → acked (a rank started it) →
 succeeded (every targeted rank succeeded) | failed (any rank failed) | expired.
+
+The recovery policy may create an action as ``proposed`` instead: it is never handed to a
+rank until someone approves it (``backend.recovery.service.approve``). Creating an action
+and every state change a rank reports are written to the audit log.
+
+    action, created = create_action(session=session, job_id=7, kind="dump_stacks",
+                                    requested_by="api:oncall", reason="stacks please")
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
 from backend.db import utcnow
+from backend.recovery.audit import audit
 
 OPEN_STATES = ("pending", "dispatched", "acked")
 DEFAULT_TTL_S = 600
@@ -34,9 +42,15 @@ def create_action(
     idempotency_key: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     incident_id: int | None = None,
+    state: str = "pending",
+    reasoning: dict[str, Any] | None = None,
 ) -> tuple[Action, bool]:
     """Create an action; with a known ``idempotency_key`` return the existing one instead.
-    Returns ``(action, created)``."""
+    Returns ``(action, created)``. ``state`` is ``pending`` (ranks get it) or ``proposed``
+    (waits for approval; ``ttl_s`` then bounds the wait). The creation is audited with
+    ``requested_by`` as the actor."""
+    if state not in ("pending", "proposed"):
+        raise ValueError(f"a new action is pending or proposed, not {state!r}")
     if idempotency_key:
         existing = session.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
         if existing is not None:
@@ -46,12 +60,13 @@ def create_action(
         job_id=job_id,
         incident_id=incident_id,
         kind=kind,
-        state="pending",
+        state=state,
         idempotency_key=idempotency_key or f"auto-{uuid.uuid4()}",
         requested_by=requested_by,
         target_ranks=sorted(set(target_ranks)) if target_ranks is not None else None,
         params=params or {},
         reason=reason,
+        reasoning=reasoning,
         deliveries={},
         created_at=now,
         updated_at=now,
@@ -59,6 +74,16 @@ def create_action(
     )
     session.add(action)
     session.flush()
+    audit(
+        session=session,
+        job_id=job_id,
+        actor=requested_by,
+        event="proposed" if state == "proposed" else "created",
+        action_id=action.id,
+        incident_id=incident_id,
+        detail={"kind": kind, "target_ranks": action.target_ranks, "reason": reason},
+        at=now,
+    )
     return action, True
 
 
@@ -91,6 +116,16 @@ def dispatch_for_rank(*, session: Session, job_id: int, rank: int) -> list[dict[
     for action in session.scalars(locked):
         if action.expires_at is not None and action.expires_at < now and action.state == "pending":
             action.state, action.updated_at = "expired", now
+            audit(
+                session=session,
+                job_id=job_id,
+                actor="system",
+                event="expired",
+                action_id=action.id,
+                incident_id=action.incident_id,
+                detail={"kind": action.kind, "from": "pending"},
+                at=now,
+            )
             continue
         key = str(rank)
         if not _targets(action, rank):
@@ -139,6 +174,7 @@ def record_report(
     action.updated_at = now
     if action.state in ("cancelled", "expired", "failed", "succeeded"):
         return True  # late reports are kept per rank but do not reopen the action
+    before = action.state
     targets = action.target_ranks if action.target_ranks is not None else range(world_size)
     states = [deliveries.get(str(r), {}).get("state") for r in targets]
     if "failed" in states:
@@ -149,5 +185,16 @@ def record_report(
         action.state = "acked"
     if action.state in ("failed", "succeeded"):
         action.result = {r: d.get("result") for r, d in deliveries.items() if "result" in d}
+    if action.state != before:  # one audit row per state change, not per rank report
+        audit(
+            session=session,
+            job_id=job_id,
+            actor=f"rank:{rank}",
+            event=action.state,
+            action_id=action.id,
+            incident_id=action.incident_id,
+            detail={"kind": action.kind, "from": before, "rank_state": state},
+            at=now,
+        )
     session.flush()
     return True

@@ -1,4 +1,7 @@
-"""Recovery actions over REST: trigger by hand (admin token), list, inspect."""
+"""Recovery actions over REST: trigger by hand (admin token), list, inspect.
+
+Approving and cancelling policy-made actions lives in ``backend.recovery.views``.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from backend.jobs.service import get_job_id
 router = APIRouter(prefix="/api/v1", tags=["actions"])
 
 
-def _out(action: Action, job: str) -> ActionOut:
+def action_out(action: Action, job: str) -> ActionOut:
     columns = {c.key: getattr(action, c.key) for c in Action.__table__.columns}
     return ActionOut.model_validate({**columns, "job": job})
 
@@ -53,7 +56,7 @@ def create_action(
     )
     if not created:
         response.status_code = 200
-    return _out(action, job)
+    return action_out(action, job)
 
 
 @router.get(
@@ -64,7 +67,8 @@ def create_action(
 def list_actions(job: str, session: SessionDep) -> Any:
     """The job's actions, newest first, with per-rank delivery state."""
     return [
-        _out(a, job) for a in service.list_actions(session=session, job_id=_job_id(session, job))
+        action_out(a, job)
+        for a in service.list_actions(session=session, job_id=_job_id(session, job))
     ]
 
 
@@ -78,4 +82,4 @@ def get_action(action_id: int, session: SessionDep) -> Any:
     if action is None:
         raise HTTPException(404, f"action {action_id} not found")
     job = session.get(Job, action.job_id)
-    return _out(action, job.name if job else "")
+    return action_out(action, job.name if job else "")

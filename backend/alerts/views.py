@@ -1,0 +1,137 @@
+"""Webhook receivers over REST: configure (admin token), test, and read the delivery log.
+
+    curl -X POST $VIGIL/api/v1/webhooks -H "Authorization: Bearer $ADMIN" \\
+         -d '{"name": "oncall", "url": "http://alertmanager:9093/hook", "kinds": ["hang"]}'
+    curl -X POST $VIGIL/api/v1/webhooks/1/test -H "Authorization: Bearer $ADMIN"
+    curl $VIGIL/api/v1/webhooks/1/deliveries -H "Authorization: Bearer $READ"
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from backend.alerts import formats, sender, service
+from backend.alerts.models import WebhookReceiver
+from backend.alerts.schemas import (
+    DeliveryOut,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookOut,
+    WebhookUpdate,
+)
+from backend.auth.deps import require_scope
+from backend.db import session_scope
+from backend.deps import SessionDep
+
+router = APIRouter(prefix="/api/v1", tags=["webhooks"])
+READ = [Depends(require_scope("read"))]
+ADMIN = [Depends(require_scope("admin"))]
+
+
+def _receiver(session: Session, receiver_id: int) -> WebhookReceiver:
+    receiver = service.get_receiver(session=session, receiver_id=receiver_id)
+    if receiver is None:
+        raise HTTPException(404, f"webhook receiver {receiver_id} not found")
+    return receiver
+
+
+def _name_free(session: Session, name: str, receiver_id: int | None = None) -> None:
+    existing = service.get_receiver_by_name(session=session, name=name)
+    if existing is not None and existing.id != receiver_id:
+        raise HTTPException(409, f"a webhook receiver named {name!r} already exists")
+
+
+@router.get("/webhooks", response_model=list[WebhookOut], dependencies=READ)
+def list_webhooks(session: SessionDep) -> Any:
+    """Every receiver, oldest first. Secrets and header values are never shown."""
+    return [WebhookOut.of(r) for r in service.list_receivers(session=session)]
+
+
+@router.post("/webhooks", response_model=WebhookCreated, status_code=201, dependencies=ADMIN)
+def create_webhook(body: WebhookCreate, session: SessionDep) -> Any:
+    """Add a receiver. For the `generic` format a signing secret is generated when none is
+    given; it is returned here, once, and never again."""
+    _name_free(session, body.name)
+    fields = body.model_dump(exclude={"name", "url"})
+    generated = body.format == "generic" and body.secret is None
+    if generated:
+        fields["secret"] = formats.new_secret()
+    try:
+        receiver = service.create_receiver(session=session, name=body.name, url=body.url, **fields)
+    except IntegrityError:
+        raise HTTPException(409, f"a webhook receiver named {body.name!r} already exists") from None
+    out = WebhookOut.of(receiver).model_dump()
+    return WebhookCreated(**out, secret=receiver.secret if generated else None)
+
+
+@router.get("/webhooks/{receiver_id}", response_model=WebhookOut, dependencies=READ)
+def get_webhook(receiver_id: int, session: SessionDep) -> Any:
+    return WebhookOut.of(_receiver(session, receiver_id))
+
+
+@router.patch("/webhooks/{receiver_id}", response_model=WebhookOut, dependencies=ADMIN)
+def update_webhook(receiver_id: int, body: WebhookUpdate, session: SessionDep) -> Any:
+    """Change the fields sent. Rotate a generic receiver's secret by sending a new one."""
+    receiver = _receiver(session, receiver_id)
+    try:
+        changes = body.changes()
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    if "name" in changes:
+        _name_free(session, changes["name"], receiver_id)
+    fmt = changes.get("format", receiver.format)
+    secret = changes.get("secret", receiver.secret)
+    if fmt == "generic" and not secret:
+        raise HTTPException(422, "secret: the generic format needs a signing secret (whsec_…)")
+    try:
+        service.update_receiver(session=session, receiver=receiver, changes=changes)
+    except IntegrityError:  # a concurrent request took the name after the check
+        raise HTTPException(409, f"a webhook receiver named {body.name!r} already exists") from None
+    return WebhookOut.of(receiver)
+
+
+@router.delete("/webhooks/{receiver_id}", status_code=204, dependencies=ADMIN)
+def delete_webhook(receiver_id: int, session: SessionDep) -> Response:
+    """Delete the receiver and its delivery log."""
+    service.delete_receiver(session=session, receiver=_receiver(session, receiver_id))
+    return Response(status_code=204)
+
+
+@router.post("/webhooks/{receiver_id}/test", response_model=DeliveryOut, dependencies=ADMIN)
+def send_test_notification(receiver_id: int, request: Request) -> Any:
+    """Send a test notification now and return the delivery with its outcome (`state`,
+    `response_code`, `error`). Works on a disabled receiver too; a test is tried once.
+
+    No request-wide transaction here: the delivery is stored and committed, posted with
+    no transaction open (a slow receiver must not hold the database), then read back."""
+    factory = request.app.state.sessionmaker
+    settings = request.app.state.settings
+    with session_scope(factory, write=True) as session:
+        receiver = _receiver(session, receiver_id)
+        delivery = service.create_test_delivery(
+            session=session, receiver=receiver, public_url=settings.public_url
+        )
+        delivery_id = delivery.id
+    sender.send_one(factory, settings=settings, delivery_id=delivery_id)
+    with session_scope(factory) as session:
+        return DeliveryOut.model_validate(
+            service.get_delivery(session=session, delivery_id=delivery_id)
+        )
+
+
+@router.get(
+    "/webhooks/{receiver_id}/deliveries", response_model=list[DeliveryOut], dependencies=READ
+)
+def list_webhook_deliveries(
+    receiver_id: int,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Any:
+    """The delivery log, newest first: state, attempts, response code and error of each."""
+    _receiver(session, receiver_id)
+    rows = service.list_deliveries(session=session, receiver_id=receiver_id, limit=limit)
+    return [DeliveryOut.model_validate(r) for r in rows]

@@ -1,0 +1,189 @@
+"""Celery for Vigil: the app, the one task decorator, each process's runtime, Redis locks.
+
+Distributed mode (``VIGIL_REDIS_URL`` set)::
+
+    vigil worker          # runs tasks from the ``vigil`` queue
+    vigil beat            # schedules the periodic sweeps (exactly one per installation)
+
+Embedded mode (no Redis): the app is eager, so ``task.delay(...)`` runs the task in the
+calling thread, and the in-process :mod:`backend.ticker` plays beat. The same task
+functions run either way.
+
+Tasks take ids, never ORM objects; each opens its own session and commits (services only
+flush). Periodic tasks take a Redis lock, so two beats never double-act.
+
+    @vigil_task("sweep")
+    def sweep() -> None: ...
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery, Task
+from celery.signals import worker_process_init
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.db import make_engine, make_sessionmaker
+from backend.metrics import TASK_RUNS, TASK_SECONDS
+from backend.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+QUEUE = "vigil"
+KEY_PREFIX = "vigil:"
+
+celery = Celery("vigil")
+celery.conf.update(
+    broker_url="memory://",
+    task_always_eager=True,
+    task_default_queue=QUEUE,
+    task_ignore_result=True,
+    imports=("backend.tasks",),
+    timezone="UTC",
+    enable_utc=True,
+)
+
+
+@dataclass
+class Runtime:
+    """What tasks need in this process: settings, a session factory, Redis (distributed)."""
+
+    settings: Settings
+    factory: sessionmaker[Session]
+    redis: Redis | None = None
+    # Embedded mode: nudges the in-process webhook sender (set by the ticker).
+    wake_sender: Callable[[], None] = field(default=lambda: None)
+
+
+_runtime: Runtime | None = None
+
+
+def configure(settings: Settings, factory: sessionmaker[Session] | None = None) -> Runtime:
+    """Set this process's runtime and point Celery at Redis, or make it eager (embedded)."""
+    global _runtime
+    if factory is None:
+        factory = make_sessionmaker(
+            make_engine(settings.database_url, pool_size=settings.db_pool_size)
+        )
+    redis = None
+    if settings.embedded:
+        celery.conf.update(broker_url="memory://", task_always_eager=True)
+    else:
+        assert settings.redis_url is not None
+        redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        celery.conf.update(
+            broker_url=settings.redis_url,
+            task_always_eager=False,
+            task_acks_late=True,  # tasks are idempotent: a worker lost mid-task is redone
+            task_reject_on_worker_lost=True,
+            worker_prefetch_multiplier=1,
+            broker_connection_retry_on_startup=True,
+            beat_schedule=beat_schedule(settings),
+        )
+    _runtime = Runtime(settings=settings, factory=factory, redis=redis)
+    return _runtime
+
+
+def runtime() -> Runtime:
+    """This process's runtime; a worker builds it from the environment on first use."""
+    return _runtime if _runtime is not None else configure(get_settings())
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _after_fork(**_: Any) -> None:
+    # Database connections and Redis sockets must not cross a fork: start afresh.
+    global _runtime
+    _runtime = None
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The periodic tasks, with the same intervals the embedded ticker uses."""
+    every = {
+        "vigil.sweep": settings.sweep_interval_s,
+        "vigil.send_due_notifications": 5.0,
+        "vigil.remind_open_incidents": 60.0,
+        "vigil.expire_actions": 15.0,
+        "vigil.retention": 3600.0,
+    }
+    return {name: {"task": name, "schedule": seconds} for name, seconds in every.items()}
+
+
+def vigil_task(
+    name: str, *, max_retries: int = 3, time_limit_s: float = 120
+) -> Callable[[Callable[..., Any]], Task]:
+    """Register a task as ``vigil.<name>`` on the Vigil queue, timed and counted.
+
+    Transient database or Redis errors are retried with exponential backoff (at most
+    ``max_retries`` times); anything else is logged by Celery and counted as failed.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Task:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            outcome = "failed"
+            try:
+                result = fn(*args, **kwargs)
+                outcome = "ok"
+                return result
+            finally:
+                TASK_SECONDS.labels(name).observe(time.perf_counter() - started)
+                TASK_RUNS.labels(name, outcome).inc()
+
+        task = celery.task(
+            name=f"vigil.{name}",
+            queue=QUEUE,
+            ignore_result=True,
+            autoretry_for=(OperationalError, PoolTimeout, RedisError),
+            retry_backoff=True,
+            retry_backoff_max=60,
+            retry_jitter=True,
+            max_retries=max_retries,
+            soft_time_limit=time_limit_s,
+            time_limit=time_limit_s + 30,
+        )(timed)
+        return task
+
+    return wrap
+
+
+@contextmanager
+def redis_lock(name: str, ttl_s: float) -> Iterator[bool]:
+    """Hold ``vigil:lock:<name>`` for at most ``ttl_s``; yields whether we got it.
+
+    Embedded mode has one process and its ticker runs one thing at a time: always True.
+    The lock is released only by its holder (compare-and-delete), so a holder that ran
+    past its TTL cannot free someone else's lock.
+    """
+    redis = runtime().redis
+    if redis is None:
+        yield True
+        return
+    key, token = f"{KEY_PREFIX}lock:{name}", uuid.uuid4().hex
+    got = bool(redis.set(key, token, nx=True, px=max(1, int(ttl_s * 1000))))
+    try:
+        yield got
+    finally:
+        if got:
+            try:
+                redis.eval(_RELEASE, 1, key, token)
+            except RedisError:
+                log.warning("could not release lock %s; it expires in %.0f s", key, ttl_s)
+
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""

@@ -1,0 +1,363 @@
+"""Recovery: from freshly opened incidents to actions, with guards, approvals and an audit.
+
+    # in the detection run, in the same transaction that opened the incidents:
+    changes = detect_job(session=session, job_id=job_id)
+    actions = respond(session=session, incidents=changes.opened, settings=settings)
+
+    approve(session=session, action_id=12, actor="api:oncall")   # proposed → pending
+    cancel(session=session, action_id=12, actor="api:oncall")    # any open state → cancelled
+    expire_actions(session=session)                               # periodic sweep
+
+For each incident ``respond`` resolves the job's policy (``backend.recovery.policies``):
+``off`` does nothing (audited as ``skipped``); otherwise the cost model
+(``detectors.policy``) picks an action from facts read here, the guards
+(``backend.recovery.guards``) may block it, and the action is created ``pending`` (mode
+``auto``) or ``proposed`` (mode ``approve``: no rank sees it until it is approved). An
+incident gets at most one action, ever (idempotency key ``incident:<id>:<kind>``).
+
+A blocked action is not stored as an action: the ``blocked`` audit entry holds the choice,
+its cost table and the guard that stopped it. Every step is audited (actor ``policy``).
+Services only flush; the caller commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.actions.models import Action
+from backend.actions.service import DEFAULT_TTL_S, create_action
+from backend.db import utcnow
+from backend.incidents.models import Incident
+from backend.jobs.models import Job
+from backend.recovery.audit import audit, list_audit
+from backend.recovery.facts import job_timing
+from backend.recovery.guards import GuardResult, check_guards
+from backend.recovery.policies import (
+    EffectivePolicy,
+    PolicyError,
+    effective_policy,
+    list_policies,
+    put_policy,
+)
+from backend.settings import Settings
+from detectors.policy import decide, facts_dict, facts_from_incident
+
+__all__ = [
+    "Conflict",
+    "GuardBlocked",
+    "NotFound",
+    "PolicyError",
+    "approve",
+    "cancel",
+    "effective_policy",
+    "expire_actions",
+    "list_audit",
+    "list_policies",
+    "put_policy",
+    "respond",
+]
+
+log = logging.getLogger(__name__)
+
+POLICY_ACTOR = "policy"
+SYSTEM_ACTOR = "system"
+DEFAULT_APPROVE_TTL_S = 3600.0
+CANCELLABLE = ("proposed", "pending", "dispatched", "acked")
+EXPIRABLE = ("proposed", "pending")
+
+
+class RecoveryError(Exception):
+    """Base of the errors below; the message is meant for the API caller."""
+
+
+class NotFound(RecoveryError, LookupError):
+    pass
+
+
+class Conflict(RecoveryError):
+    """The action's state does not allow the request."""
+
+
+class GuardBlocked(Conflict):
+    def __init__(self, message: str, guards: list[GuardResult]) -> None:
+        super().__init__(message)
+        self.guards = guards
+
+
+def respond(
+    *,
+    session: Session,
+    incidents: list[Incident],
+    settings: Settings | None = None,
+    now: datetime | None = None,
+) -> list[Action]:
+    """Act on freshly opened incidents per their policies. Returns the actions *this call*
+    created (pending or proposed); a second call for the same incident creates nothing."""
+    now = now or utcnow()
+    created = []
+    for incident in incidents:
+        action = _respond_one(session=session, incident=incident, settings=settings, now=now)
+        if action is not None:
+            created.append(action)
+    return created
+
+
+def _respond_one(
+    *, session: Session, incident: Incident, settings: Settings | None, now: datetime
+) -> Action | None:
+    job = session.get(Job, incident.job_id)
+    if job is None:
+        return None
+    policy = effective_policy(session=session, job=job.name, kind=incident.kind)
+
+    def note(event: str, action_id: int | None = None, **detail: object) -> None:
+        audit(
+            session=session,
+            job_id=job.id,
+            actor=POLICY_ACTOR,
+            event=event,
+            action_id=action_id,
+            incident_id=incident.id,
+            detail={"incident_kind": incident.kind, "policy": policy.to_dict(), **detail},
+            at=now,
+        )
+
+    if policy.mode == "off":
+        note("skipped", reason=f"the policy ({policy.source}) is off for {incident.kind}")
+        return None
+    existing = session.scalar(
+        select(Action).where(Action.incident_id == incident.id).order_by(Action.id).limit(1)
+    )
+    if existing is not None:
+        note(
+            "skipped",
+            action_id=existing.id,
+            reason=f"incident {incident.id} already has action {existing.id} ({existing.kind})",
+        )
+        return None
+    timing = job_timing(
+        session=session,
+        job_id=job.id,
+        attempt=job.attempt,
+        before_step=incident.first_step if incident.kind in ("nan", "loss_spike") else None,
+    )
+    try:
+        facts = facts_from_incident(
+            kind=incident.kind,
+            ranks=tuple(incident.ranks or ()),
+            active=incident.status == "open",
+            evidence=incident.evidence or {},
+            params=policy.params,
+            step_s=timing.step_s,
+            since_checkpoint_s=timing.since_checkpoint_s,
+            world_size=job.world_size,
+            allowed=policy.actions,
+            first_step=incident.first_step,
+        )
+        decision = decide(facts)
+    except (TypeError, ValueError) as exc:  # a bad stored param must not break detection
+        log.warning("recovery: cannot decide on incident %s", incident.id, exc_info=True)
+        note("error", reason=f"{type(exc).__name__}: {exc}")
+        return None
+    reasoning = {
+        **decision.to_dict(),
+        "facts": facts_dict(facts),
+        "work_at_risk": timing.note,
+        "incident": {"id": incident.id, "kind": incident.kind, "summary": incident.summary},
+        "policy": policy.to_dict(),
+    }
+    if decision.action is None:
+        note("no_action", reasoning=reasoning)
+        return None
+    guards = check_guards(
+        session=session,
+        job_id=job.id,
+        kind=decision.action,
+        params=policy.params,
+        settings=settings,
+        now=now,
+    )
+    reasoning["guards"] = [g.to_dict() for g in guards]
+    blocked = [g for g in guards if not g.ok]
+    if blocked:
+        note(
+            "blocked",
+            action=decision.action,
+            guard=blocked[0].guard,
+            message=blocked[0].detail,
+            reasoning=reasoning,
+        )
+        return None
+    auto = policy.mode == "auto"
+    ttl = float(
+        policy.params.get("ttl_s", DEFAULT_TTL_S)
+        if auto
+        else policy.params.get("approve_ttl_s", DEFAULT_APPROVE_TTL_S)
+    )
+    action, created = create_action(
+        session=session,
+        job_id=job.id,
+        kind=decision.action,
+        requested_by=POLICY_ACTOR,
+        target_ranks=list(decision.target_ranks) if decision.target_ranks is not None else None,
+        params=decision.params,
+        reason=decision.explanation[:2000],
+        idempotency_key=f"incident:{incident.id}:{decision.action}",
+        ttl_s=ttl,
+        incident_id=incident.id,
+        state="pending" if auto else "proposed",
+        reasoning=reasoning,
+    )
+    return action if created else None
+
+
+def _load(session: Session, action_id: int, job_id: int | None) -> Action:
+    action = session.scalar(select(Action).where(Action.id == action_id).with_for_update())
+    if action is None or (job_id is not None and action.job_id != job_id):
+        raise NotFound(f"action {action_id} not found" + (" in this job" if action else ""))
+    return action
+
+
+def _policy_for(session: Session, action: Action) -> EffectivePolicy:
+    job = session.get(Job, action.job_id)
+    incident = session.get(Incident, action.incident_id) if action.incident_id else None
+    kind = incident.kind if incident is not None else "*"
+    return effective_policy(session=session, job=job.name if job else "*", kind=kind)
+
+
+def approve(
+    *,
+    session: Session,
+    action_id: int,
+    actor: str,
+    settings: Settings | None = None,
+    force: bool = False,
+    note: str = "",
+    job_id: int | None = None,
+    now: datetime | None = None,
+) -> Action:
+    """Release a proposed action to ranks (→ ``pending``), after checking the guards again.
+
+    Raises ``NotFound`` (no such action, or not in ``job_id``), ``Conflict`` (not proposed,
+    or its proposal expired) or ``GuardBlocked`` (a guard blocks it and ``force`` is false;
+    the refusal is audited, so commit before reporting it).
+    """
+    now = now or utcnow()
+    action = _load(session, action_id, job_id)
+    if action.state != "proposed":
+        raise Conflict(
+            f"action {action_id} is {action.state}: only a proposed action can be approved"
+        )
+    if action.expires_at is not None and action.expires_at < now:
+        raise Conflict(f"action {action_id}'s proposal expired at {action.expires_at.isoformat()}")
+    policy = _policy_for(session, action)
+    guards = check_guards(
+        session=session,
+        job_id=action.job_id,
+        kind=action.kind,
+        params=policy.params,
+        settings=settings,
+        now=now,
+        exclude_action_id=action.id,
+    )
+    blocked = [g for g in guards if not g.ok]
+    detail = {"kind": action.kind, "guards": [g.to_dict() for g in guards], "note": note}
+    if blocked and not force:
+        audit(
+            session=session,
+            job_id=action.job_id,
+            actor=actor,
+            event="blocked",
+            action_id=action.id,
+            incident_id=action.incident_id,
+            detail={**detail, "guard": blocked[0].guard, "message": blocked[0].detail},
+            at=now,
+        )
+        raise GuardBlocked(
+            f"action {action_id} not approved: {blocked[0].guard}: {blocked[0].detail} "
+            "(approve with force to override)",
+            guards,
+        )
+    action.state, action.approved_by, action.updated_at = "pending", actor[:128], now
+    action.expires_at = now + timedelta(seconds=float(policy.params.get("ttl_s", DEFAULT_TTL_S)))
+    approval = {"by": actor, "at": now.isoformat(), "forced": bool(blocked), **detail}
+    action.reasoning = {**(action.reasoning or {}), "approval": approval}
+    audit(
+        session=session,
+        job_id=action.job_id,
+        actor=actor,
+        event="approved",
+        action_id=action.id,
+        incident_id=action.incident_id,
+        detail={**detail, "forced": bool(blocked)},
+        at=now,
+    )
+    return action
+
+
+def cancel(
+    *,
+    session: Session,
+    action_id: int,
+    actor: str,
+    note: str = "",
+    job_id: int | None = None,
+    now: datetime | None = None,
+) -> Action:
+    """Cancel an open action (proposed, pending, dispatched or acked); audited.
+
+    Ranks are no longer handed the action; a rank that already received it may have run it.
+    Raises ``NotFound`` or ``Conflict`` (already succeeded, failed, cancelled or expired).
+    """
+    now = now or utcnow()
+    action = _load(session, action_id, job_id)
+    if action.state not in CANCELLABLE:
+        raise Conflict(f"action {action_id} is {action.state} already: it cannot be cancelled")
+    before = action.state
+    action.state, action.updated_at = "cancelled", now
+    audit(
+        session=session,
+        job_id=action.job_id,
+        actor=actor,
+        event="cancelled",
+        action_id=action.id,
+        incident_id=action.incident_id,
+        detail={"kind": action.kind, "from": before, "note": note},
+        at=now,
+    )
+    session.flush()
+    return action
+
+
+def expire_actions(*, session: Session, now: datetime | None = None) -> list[Action]:
+    """Mark proposed and pending actions past ``expires_at`` as expired; returns them.
+
+    For a periodic task: a proposal nobody approved, or an action no rank picked up.
+    """
+    now = now or utcnow()
+    query = (
+        select(Action)
+        .where(Action.state.in_(EXPIRABLE), Action.expires_at < now)
+        .order_by(Action.id)
+        .with_for_update()
+    )
+    expired = list(session.scalars(query))
+    for action in expired:
+        before = action.state
+        action.state, action.updated_at = "expired", now
+        audit(
+            session=session,
+            job_id=action.job_id,
+            actor=SYSTEM_ACTOR,
+            event="expired",
+            action_id=action.id,
+            incident_id=action.incident_id,
+            detail={"kind": action.kind, "from": before},
+            at=now,
+        )
+    session.flush()
+    return expired
