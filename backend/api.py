@@ -31,8 +31,8 @@ from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
 from backend.ingest.views import router as ingest_router
 from backend.jobs.views import router as jobs_router
-from backend.recovery.views import router as recovery_router
 from backend.metrics import REGISTRY
+from backend.recovery.views import router as recovery_router
 from backend.settings import Settings, get_settings
 from backend.ticker import Ticker
 from backend.ui.views import router as ui_router

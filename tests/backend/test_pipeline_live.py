@@ -27,7 +27,6 @@ from tests.servers import Receiver, live_server, vigil_env, vigil_process
 
 REDIS_URL = os.environ.get("VIGIL_TEST_REDIS_URL")
 JOB = "pipeline-straggler"
-T0 = 1_700_000_000.0
 FAST = {
     "VIGIL_DETECT_INTERVAL_S": "0.3",
     "VIGIL_SWEEP_INTERVAL_S": "1",
@@ -61,23 +60,26 @@ def shared_db(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def post_steps(base: str, steps: range, slow_rank: int | None, ranks: int = 4) -> None:
+    """Steps that ended just now, 50 ms apart (the detectors read durations, and a hang is
+    judged by how long ago the last step ended); ``slow_rank`` computes 1.5x from step 30."""
+    now = time.time()
     for rank in range(ranks):
         events = []
         for n in steps:
             compute = 0.3 * (1 + 0.01 * ((n * 7 + rank * 3) % 5 - 2))
-            if rank == slow_rank:
+            if rank == slow_rank and n >= 30:
                 compute *= 1.5
             events.append(
                 {
                     "type": "step",
                     "step": n,
-                    "ts": T0 + n,
+                    "ts": now - 0.05 * (steps[-1] - n),
                     "duration_s": 0.5,
                     "comm_s": 0.5 - compute,
                     "loss": 2.0,
                 }
             )
-        events.append({"type": "heartbeat", "ts": time.time(), "step": steps[-1] + 1})
+        events.append({"type": "heartbeat", "ts": now, "step": steps[-1] + 1})
         body = batch(events, job=JOB, rank=rank, world_size=ranks)
         reply = httpx.post(f"{base}/api/v1/ingest", json=body, headers=INGEST, timeout=30)
         assert reply.status_code == 200, reply.text
@@ -110,7 +112,7 @@ def check_story(base: str, rx: Receiver, secret: str) -> None:
     rx.fail_next = 1  # the very first notification gets a 500 and must be retried
     post_steps(base, range(0, 120), slow_rank=2)
     incident = wait_incident(base, "open")
-    assert incident["ranks"] == [2]
+    assert incident["ranks"] == [2] and 30 <= incident["first_step"] <= 35
 
     def statuses(path: str) -> list[str]:
         out = []
