@@ -366,7 +366,13 @@ class Client:
             self._notify_end(unfinished)
         with self._lock:
             if self._current is not None:
-                self._end_locked()
+                if threading.get_ident() == self._step_thread:
+                    self._end_locked()
+                else:
+                    # Another thread is ending the process (an exit for restart) while the
+                    # training thread is inside a step: that step never finished, so it is
+                    # not reported as one (it would pass for progress the job never made).
+                    self._current = None
             self._emit_pending_locked()
             self._flush_collectives_locked(None)
         if not self._said_goodbye:

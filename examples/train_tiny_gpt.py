@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -70,6 +71,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-dir", type=Path, default=None)
     p.add_argument("--ckpt-every", type=int, default=20)
     p.add_argument(
+        "--pg-timeout",
+        type=float,
+        default=60,
+        help="seconds before gloo gives up on a peer (torch's default is 30 min): a group "
+        "that cannot form after a restart fails fast, and torchrun tries again",
+    )
+    p.add_argument(
         "--no-step-marks",
         action="store_true",
         help="don't call vigil.step(): steps then come from the optimizer hook",
@@ -84,10 +92,28 @@ def latest_checkpoint(ckpt_dir: Path | None) -> Path | None:
     return found[-1] if found else None
 
 
+def init_group(timeout: timedelta) -> None:
+    """``init_process_group("gloo")``, namespaced by torchrun's restart count.
+
+    After a restart, torchrun's rendezvous store can still hold the previous attempt's
+    peer addresses under the same keys; gloo would then dial a dead process and fail
+    ("connectFullMesh … Connection refused"). A prefix per attempt keeps them apart.
+    """
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"attempt-{attempt}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    init_group(timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
     vigil.init()  # configured by VIGIL_* (vigil run sets them); a no-op without an endpoint
 

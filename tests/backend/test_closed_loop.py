@@ -30,7 +30,7 @@ def launch(base: str, ckpt_dir: Path) -> subprocess.Popen[str]:
         *(sys.executable, "-m", "backend", "run", "--job", JOB, "--endpoint", base),
         *("--token", "vigil-dev-ingest", "--chaos", f"hang:rank=1,at_step={HANG_AT}", "--"),
         *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
-        *("--nproc-per-node", "2", "--max-restarts", "2", str(EXAMPLE)),
+        *("--nproc-per-node", "2", "--max-restarts", "3", str(EXAMPLE)),
         *("--dim", "32", "--layers", "1", "--seq", "32", "--steps", str(STEPS)),
         *("--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(CKPT_EVERY)),
     ]
@@ -62,6 +62,7 @@ def all_steps(base: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(280)
 def test_hang_is_detected_restarted_resumed_and_resolved(sqlite_url, tmp_path):
     with live_server(sqlite_url, **FAST) as base:
         reply = httpx.put(
@@ -70,13 +71,19 @@ def test_hang_is_detected_restarted_resumed_and_resolved(sqlite_url, tmp_path):
         assert reply.status_code in (200, 201), reply.text
         proc = launch(base, tmp_path / "ckpt")
         try:
-            out, _ = proc.communicate(timeout=300)
+            out, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            out, _ = proc.communicate()
+            state = {p: get(base, f"/jobs/{JOB}/{p}") for p in ("incidents", "actions", "audit")}
+            pytest.fail(f"the job did not finish in 180 s\n{state}\n{out[-5000:]}")
         finally:
             kill_tree(proc.pid)
         assert proc.returncode == 0, out  # torchrun: the restarted group finished
         assert "resumed from" in out, out
 
-        # 1. Detected: one hang incident naming rank 1 at the step it hung before.
+        # 1. Detected: one hang incident naming rank 1 at the step it hung before (and no
+        # crash: ranks that exit for a restart say goodbye first).
         deadline = time.monotonic() + 30
         while True:
             hangs = [i for i in get(base, f"/jobs/{JOB}/incidents") if i["kind"] == "hang"]  # type: ignore[index,union-attr]
@@ -84,6 +91,8 @@ def test_hang_is_detected_restarted_resumed_and_resolved(sqlite_url, tmp_path):
                 break
             time.sleep(0.5)
         assert len(hangs) == 1, hangs
+        kinds = {i["kind"] for i in get(base, f"/jobs/{JOB}/incidents")}  # type: ignore[index,union-attr]
+        assert "crash" not in kinds, kinds
         [hang] = hangs
         assert hang["ranks"] == [1] and hang["first_step"] == HANG_AT, hang
 
@@ -99,15 +108,18 @@ def test_hang_is_detected_restarted_resumed_and_resolved(sqlite_url, tmp_path):
         assert set(restart["deliveries"]) == {"0", "1"}
         assert {d["result"]["exit_code"] for d in restart["deliveries"].values()} == {75}
 
-        # 3. Resumed: attempt 1 starts right after the last checkpoint before the hang and
-        # runs to the end; nothing of attempt 0 reached the hung step.
+        # 3. Resumed: the last attempt starts right after the last checkpoint before the
+        # hang and runs to the end; attempt 0 never got past the hung step. (torchrun may
+        # need more than one try: a gloo group re-formed at once sometimes reads a dead
+        # peer's address and fails in init, which the next try gets past.)
         steps = all_steps(base)
-        first = {a: min(s["step"] for s in steps if s["attempt"] == a) for a in (0, 1)}
-        last = {a: max(s["step"] for s in steps if s["attempt"] == a) for a in (0, 1)}
-        assert last[0] < HANG_AT
+        final = max(s["attempt"] for s in steps)
+        assert final >= 1
+        attempt0 = [s["step"] for s in steps if s["attempt"] == 0]
+        resumed = [s["step"] for s in steps if s["attempt"] == final]
+        assert max(attempt0) < HANG_AT
         resumed_at = (HANG_AT - 1) // CKPT_EVERY * CKPT_EVERY + 1  # last checkpoint + 1
-        assert first[1] == resumed_at, (first, last)
-        assert last[1] == STEPS - 1
+        assert (min(resumed), max(resumed)) == (resumed_at, STEPS - 1)
 
         # 4. Resolved: the hang incident closed once the ranks made progress again, and
         # the audit trail tells the story.
