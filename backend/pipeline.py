@@ -35,7 +35,10 @@ def react(*, session: Session, changes: Changes, settings: Settings) -> list[int
         resolved=changes.resolved,
         public_url=settings.public_url,
     )
-    actions = respond(session=session, incidents=changes.opened, settings=settings)
+    # An episode that opened and already cleared (a transient straggler seen after the
+    # fact) is on record and notified, but there is nothing left to act on.
+    still_open = [row for row in changes.opened if row.status == "open"]
+    actions = respond(session=session, incidents=still_open, settings=settings)
     for action in actions:
         log.warning(
             "recovery: %s %s for incident %s (%s)",
