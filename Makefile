@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)          ## start Vigil embedded, replay a real job, keep serving
+demo: $(STAMP)          ## Vigil embedded + a real 4-rank job with faults; keeps serving
 	$(BIN)/vigil demo
 
-demo-fast: $(STAMP)     ## the same, exiting when the replay is done
+demo-fast: $(STAMP)     ## a shorter job, then exit (0: every fault flagged right)
 	$(BIN)/vigil demo --fast
 
 server: $(STAMP)

@@ -5,7 +5,7 @@ vigil migrate                     # upgrade the database to the latest schema
 vigil worker / vigil beat         # distributed mode: Celery worker and scheduler
 vigil token create -s read -n ci  # prints a new token once
 vigil jobs                        # jobs known to a running server
-vigil demo --fast                 # start embedded, replay a real job, print what to look at
+vigil demo --fast                 # embedded Vigil + a real faulty job, diagnosed and healed
 """
 
 from __future__ import annotations
@@ -280,17 +280,23 @@ else:
     @app.command()
     def demo(
         fast: Annotated[
-            bool, typer.Option(help="Exit after the replay instead of serving on")
+            bool, typer.Option(help="A shorter job (under 3 minutes), then exit")
+        ] = False,
+        replay: Annotated[
+            bool, typer.Option(help="Replay a real recorded job (PAI job_1) instead")
         ] = False,
         port: Annotated[int, typer.Option(help="Port for the demo server")] = 8000,
         database: Annotated[
             str, typer.Option(help="Database for the demo")
         ] = "sqlite:///./var/demo.db",
     ) -> None:
-        """Start Vigil embedded and replay a real training job into it."""
-        from backend.demo import run_demo
+        """Start Vigil embedded and run a real 4-rank training job with injected faults
+        (a straggler, a NaN, a hang) that Vigil diagnoses and heals; exit code 0 when every
+        fault was flagged with the right ranks and the job finished."""
+        from backend.demo import run_replay, run_story
 
-        raise typer.Exit(run_demo(console=console, port=port, database_url=database, fast=fast))
+        play = run_replay if replay else run_story
+        raise typer.Exit(play(console=console, port=port, database_url=database, fast=fast))
 
     @app.command(context_settings={"allow_interspersed_args": False})
     def run(

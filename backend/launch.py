@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import collector
@@ -71,3 +72,23 @@ def launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun starts ranks in new sessions,
+    so killing the launcher's process group alone leaves hung ranks behind)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    doomed, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        doomed.append(current)
+        stack.extend(children.get(current, []))
+    for victim in doomed:
+        with suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)

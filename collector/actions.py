@@ -1,7 +1,14 @@
 """Built-in action handlers. Custom ones are registered with ``@vigil.on_action(kind)``.
 
 A handler takes the action's ``params`` dict and returns a JSON-able dict, which is sent
-back to the backend as the action's result.
+back to the backend as the action's result. A result with ``"restart": True`` makes the
+collector exit for a restart once the result is reported, e.g. a ``rollback`` handler
+that sets the bad checkpoints aside and lets torchrun restart from the last good one::
+
+    @vigil.on_action("rollback")
+    def rollback(params):
+        quarantine_checkpoints(from_step=params["from_step"])
+        return {"restart": True}
 """
 
 from __future__ import annotations
@@ -81,6 +88,8 @@ class ActionRunner:
         if not isinstance(result, dict):
             result = {} if result is None else {"value": repr(result)[:1000]}
         self.report(action, "succeeded", result)
+        if result.get("restart") is True:
+            exit_for_restart(self.client, int(params.get("exit_code", RESTART_EXIT_CODE)))
 
     def report(self, action: dict[str, Any], state: str, result: dict[str, Any] | None) -> None:
         event: dict[str, Any] = {

@@ -36,8 +36,9 @@ key ``comm_anomaly:rank:3``. Counts are taken first among the groups that turned
 ``onset_tolerance`` steps of each other (one fault), then among all slow groups, so two
 faults at different times are not blamed on the ranks where their groups cross. A slow group
 that no other slow group explains gives a finding keyed ``comm_anomaly:group:tp-0``, naming
-its members when there are at most ``max_group_suspects`` (a pipeline pair), else no ranks:
-naming 2,048 data-parallel ranks would not help.
+its members when there are at most ``max_group_suspects`` (a pipeline pair) and its family
+has other groups, else no ranks: naming 2,048 data-parallel ranks, or every rank of a job
+whose only group is the world, would not help.
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ class _SlowGroup:
     bandwidth: float  # bytes/s, median over its slow steps
     reference: float  # bytes/s, the reference over the same steps
     baseline: float | None  # bytes/s, its own median before the onset (None: no history)
+    family_groups: int  # how many groups its family has
 
 
 def _scan_family(
@@ -228,6 +230,7 @@ def _scan_family(
                 bandwidth=float(np.median(bw[g, span])),
                 reference=float(np.nanmedian(reference[g, span])),
                 baseline=float(np.median(history)) if history.size >= cfg.min_steps else None,
+                family_groups=n_groups,
             )
         )
 
@@ -396,7 +399,9 @@ def _rank_finding(ranks: tuple[int, ...], groups: list[_SlowGroup]) -> Finding:
 def _group_finding(groups: list[_SlowGroup], cfg: CommConfig) -> Finding:
     """One slow group (possibly slow in several ops) that no other slow group explains."""
     first = groups[0]
-    named = first.members.size <= cfg.max_group_suspects
+    # A family of one group (e.g. the world group of a small job) is the whole job:
+    # naming all its ranks would point at no one.
+    named = first.members.size <= cfg.max_group_suspects and first.family_groups > 1
     ranks = tuple(int(r) for r in np.sort(first.members)) if named else ()
     onset = min(s.onset for s in groups)
     last = max(s.last for s in groups)

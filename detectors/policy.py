@@ -151,14 +151,18 @@ class Decision:
 
 
 def human_seconds(seconds: float) -> str:
-    """``45 s``, ``18 min``, ``3.2 h``: two significant digits, since these are estimates."""
+    """``45 s``, ``18 min``, ``3.2 h``, ``6.5 days``: about two significant digits, since
+    these are estimates (never exponent notation: ``140 h`` reads as ``5.8 days``)."""
     if not math.isfinite(seconds):
         return "unbounded"
     if seconds < 90:
         return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.2g} min"
-    return f"{seconds / 3600:.2g} h"
+    for unit, size, limit in (("min", 60, 90), ("h", 3600, 48), ("days", 86_400, math.inf)):
+        value = seconds / size
+        if value < limit:
+            shown = f"{value:.1f}".removesuffix(".0") if value < 10 else f"{value:.0f}"
+            return f"{shown} {unit}"
+    raise AssertionError("unreachable")
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:

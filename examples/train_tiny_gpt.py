@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -132,6 +133,26 @@ def main() -> None:
             print(f"resumed from {ckpt} at step {start}", flush=True)
     ddp = DDP(model)
 
+    ckpt_lock, rolling_back = threading.Lock(), [False]
+
+    @vigil.on_action("rollback")
+    def rollback(params: dict) -> dict:
+        """Set aside the checkpoints from the bad step on (they hold NaN weights) and have
+        torchrun restart the group, which resumes from the last good one. Every rank does
+        it (renames are idempotent), so it holds even if rank 0 is torn down first."""
+        before = int(params.get("before_step", step_now[0]))
+        moved = []
+        with ckpt_lock:  # no save may slip in after this: the weights are poisoned
+            rolling_back[0] = True
+            for path in args.ckpt_dir.glob("step-*.pt") if args.ckpt_dir else ():
+                if int(path.stem.split("-")[1]) >= before:
+                    try:
+                        os.replace(path, path.with_suffix(".bad"))
+                        moved.append(path.name)
+                    except FileNotFoundError:
+                        pass  # another rank moved it first
+        return {"set_aside": sorted(moved), "restart": True}
+
     @vigil.on_action("checkpoint_now")
     def checkpoint_now(params: dict) -> dict:
         return {"saved": save(step_now[0], force=True)}
@@ -139,6 +160,10 @@ def main() -> None:
     def save(step: int, force: bool = False) -> str | None:
         if args.ckpt_dir is None or rank != 0 or (step % args.ckpt_every and not force):
             return None
+        with ckpt_lock:
+            return None if rolling_back[0] else _save(step)
+
+    def _save(step: int) -> str:
         args.ckpt_dir.mkdir(parents=True, exist_ok=True)
         path = args.ckpt_dir / f"step-{step}.pt"
         tmp = path.with_suffix(".tmp")

@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from backend.launch import kill_tree
 
 VIGIL = [sys.executable, "-m", "backend"]
 
@@ -75,28 +77,6 @@ def live_server_on(database_url: str, port: int, **extra_env: str) -> Iterator[s
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants (torchrun starts ranks in new sessions,
-    so killing the launcher's process group alone leaves hung ranks behind)."""
-    import signal
-
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    doomed, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        doomed.append(current)
-        stack.extend(children.get(current, []))
-    for victim in doomed:
-        with suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
 
 
 @contextmanager

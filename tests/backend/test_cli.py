@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from backend.db import make_engine
@@ -75,10 +76,32 @@ def test_jobs_reports_an_unreachable_server(sqlite_url):
     assert "cannot reach" in result.stderr
 
 
-def test_demo_fast_replays_the_real_pai_job(tmp_path):
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_demo_fast_diagnoses_and_heals_a_real_faulty_job(tmp_path):
+    """README's first command, fast: a real 4-rank gloo job with a straggler, a NaN and a
+    hang; the summary must show each flagged with the right ranks and the job finished."""
+    pytest.importorskip("torch")
     url = f"sqlite:///{tmp_path / 'demo.db'}"
     result = run_vigil(
         ["demo", "--fast", "--port", str(free_port()), "--database", url],
+        vigil_env(url),
+        cwd=tmp_path,
+        timeout=280,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "every fault flagged with the right ranks; the job finished" in out
+    for row in ("straggler: rank 2", "nan: NaN loss", "hang: rank 1"):
+        line = next(line for line in out.splitlines() if row in line)
+        assert "✓" in line and "yes" in line, line
+    assert "rollback succeeded" in out and "restart succeeded" in out
+
+
+def test_demo_fast_replays_the_real_pai_job(tmp_path):
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    result = run_vigil(
+        ["demo", "--fast", "--replay", "--port", str(free_port()), "--database", url],
         vigil_env(url),
         cwd=tmp_path,
         timeout=180,

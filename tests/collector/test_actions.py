@@ -8,6 +8,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 import collector as vigil
 from tests.conftest import ADMIN
@@ -63,15 +64,23 @@ def test_dump_stacks_and_custom_handler(sqlite_url):
         assert "no handler for 'rollback'" in failed["result"]["0"]["error"]
 
 
-def test_exit_for_restart_exits_with_the_restart_code(sqlite_url, tmp_path):
+TRAIN_FOREVER = (
+    "import time, collector as vigil\n"
+    "vigil.init(integrations=False)\n"
+    "@vigil.on_action('rollback')\n"
+    "def rollback(params):\n"
+    "    return {'rolled_back_to': params['to_step'], 'restart': True}\n"
+    "for n in range(100000):\n"
+    "    with vigil.step(n):\n"
+    "        time.sleep(0.01)\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["exit_for_restart", "rollback"])
+def test_exit_for_restart_exits_with_the_restart_code(sqlite_url, tmp_path, kind):
+    """Built in (exit_for_restart), or asked for by a handler's result (rollback)."""
     script = tmp_path / "train.py"
-    script.write_text(
-        "import time, collector as vigil\n"
-        "vigil.init(integrations=False)\n"
-        "for n in range(100000):\n"
-        "    with vigil.step(n):\n"
-        "        time.sleep(0.01)\n"
-    )
+    script.write_text(TRAIN_FOREVER)
     with live_server(sqlite_url) as base:
         env = {
             **os.environ,
@@ -86,10 +95,11 @@ def test_exit_for_restart_exits_with_the_restart_code(sqlite_url, tmp_path):
             while httpx.get(f"{base}/api/v1/jobs/{JOB}", headers=ADMIN).status_code != 200:
                 assert time.monotonic() < deadline, "the job never reported"
                 time.sleep(0.1)
-            action = trigger(base, "exit_for_restart")
+            action = trigger(base, kind, to_step=3)
             assert proc.wait(timeout=30) == 75
         finally:
             proc.kill()
         done = wait_for_state(base, action["id"], {"succeeded", "failed"})
         assert done["state"] == "succeeded"
-        assert done["result"]["0"]["exit_code"] == 75
+        result = done["result"]["0"]
+        assert result["exit_code"] == 75 if kind == "exit_for_restart" else result["restart"]

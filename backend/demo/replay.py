@@ -1,4 +1,4 @@
-"""``vigil demo``: start Vigil embedded and replay a real training job into it.
+"""``vigil demo --replay``: start Vigil embedded and replay a real training job into it.
 
 The job is Alibaba PAI's ``job_1`` (examples/data/pai_minibatch, CC-BY 4.0): per-worker
 mini-batch times of a real 10-worker training job in which worker 6 turns into a straggler
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import statistics
-import threading
 import time
 import uuid
 from collections import defaultdict
@@ -17,15 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from rich.console import Console
 from rich.table import Table
 
-from backend.api import create_app
-from backend.migrate import upgrade
-from backend.settings import load_settings
+from backend.demo.server import DemoServer, DemoServerError, embedded_server
 
-PAI_TRACE = Path(__file__).resolve().parents[1] / "examples/data/pai_minibatch/job_1_norm.csv"
+PAI_TRACE = Path(__file__).resolve().parents[2] / "examples/data/pai_minibatch/job_1_norm.csv"
 DEMO_JOB = "pai-job-1"
 STEPS_PER_BATCH = 50
 
@@ -83,37 +79,23 @@ def pai_batches(job: str = DEMO_JOB, *, now: float | None = None) -> list[dict[s
     return batches
 
 
-class _ServerThread(threading.Thread):
-    def __init__(self, server: uvicorn.Server) -> None:
-        super().__init__(daemon=True, name="vigil-demo-server")
-        self.server = server
+def run_replay(*, console: Console, port: int, database_url: str, fast: bool) -> int:
+    try:
+        with embedded_server(database_url=database_url, port=port) as vigil:
+            console.print(f"[bold]Vigil demo[/bold] (replay) · database {database_url}")
+            _replay(console, vigil)
+            if not fast:
+                console.print("Serving until Ctrl-C.")
+                vigil.serve_until_interrupted()
+    except DemoServerError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 1
+    return 0
 
-    def run(self) -> None:
-        self.server.run()
 
-
-def run_demo(*, console: Console, port: int, database_url: str, fast: bool) -> int:
-    if database_url.startswith("sqlite:///./"):
-        Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    settings = load_settings(database_url=database_url, port=port, env="development")
-    console.print(f"[bold]Vigil demo[/bold] · database {database_url}")
-    upgrade(settings.database_url)
-
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.host, port=port, log_level="warning")
-    )
-    thread = _ServerThread(server)
-    thread.start()
-    base = f"http://{settings.host}:{port}"
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            console.print(f"[red]the server did not start on port {port} (in use?)[/red]")
-            return 1
-        time.sleep(0.05)
-
-    ingest_token = next(t for t, s in settings.bootstrap_tokens().items() if s == {"ingest"})
-    admin_token = next(t for t, s in settings.bootstrap_tokens().items() if "admin" in s)
+def _replay(console: Console, vigil: DemoServer) -> None:
+    base = vigil.base
+    ingest_token, admin_token = vigil.token("ingest"), vigil.token("admin")
     batches = pai_batches()
     with httpx.Client(base_url=base, timeout=30) as client:
         sent = 0
@@ -156,15 +138,3 @@ def run_demo(*, console: Console, port: int, database_url: str, fast: bool) -> i
         f"\nExplore:  {base}/  ·  API docs {base}/docs\n"
         f'  curl -H "Authorization: Bearer {admin_token}" {base}/api/v1/jobs/{DEMO_JOB}/ranks'
     )
-    if fast:
-        server.should_exit = True
-        thread.join(timeout=10)
-        return 0
-    console.print("Serving until Ctrl-C.")
-    try:
-        while thread.is_alive():
-            thread.join(timeout=0.5)
-    except KeyboardInterrupt:
-        server.should_exit = True
-        thread.join(timeout=10)
-    return 0

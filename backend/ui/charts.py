@@ -1,0 +1,141 @@
+"""The dashboard's JSON: chart data, binned on the server. A `read` token, or the
+dashboard's sign-in cookie (development: open).
+
+    GET /api/v1/jobs/llama/heatmap?max_ranks=256&max_steps=500   compute time, rank × step
+    GET /api/v1/jobs/llama/series?max_steps=1000     step time, loss, peak memory, incidents
+    GET /api/v1/jobs/llama/bandwidth?max_steps=500   collective bytes/s per process group
+    GET /api/v1/jobs/llama/overview                  current step, goodput, incidents
+    GET /api/v1/incidents/12/evidence-chart          named ranks vs the median, around onset
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query
+from sqlalchemy.orm import Session
+
+from backend.deps import SessionDep
+from backend.goodput.service import job_goodput
+from backend.incidents.service import get_incident
+from backend.jobs import service as jobs
+from backend.ui import data, overview
+from backend.ui.auth import ReadApi
+
+router = APIRouter(prefix="/api/v1", tags=["dashboard"])
+
+FromStep = Annotated[int | None, Query(ge=0)]
+
+
+def _job_id(session: Session, job: str) -> int:
+    job_id = jobs.get_job_id(session=session, name=job)
+    if job_id is None:
+        raise HTTPException(404, f"job {job!r} not found")
+    return job_id
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON: non-finite floats become null, datetimes ISO strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+@router.get("/jobs/{job}/heatmap")
+def heatmap(
+    job: str,
+    session: SessionDep,
+    _: ReadApi,
+    max_ranks: Annotated[int, Query(ge=1, le=4096)] = 256,
+    max_steps: Annotated[int, Query(ge=1, le=5000)] = 500,
+    from_step: FromStep = None,
+    to_step: FromStep = None,
+    agg: Annotated[Literal["avg", "max"], Query()] = "avg",
+) -> dict[str, Any]:
+    """Compute time (step − collective wait) per rank bin × step bin, at most
+    `max_ranks` × `max_steps` cells, aggregated in the database. `z[i][j]` is rank bin `i`
+    (ranks `y[i]`…) and step bin `j` (steps `x[j]`…), null where nothing was reported.
+    Above 600,000 rows each step bin is represented by evenly spaced sample steps
+    (`sampled_steps_per_bin`)."""
+    return data.heatmap(
+        session=session,
+        job_id=_job_id(session, job),
+        max_ranks=max_ranks,
+        max_steps=max_steps,
+        from_step=from_step,
+        to_step=to_step,
+        agg=agg,
+    )
+
+
+@router.get("/jobs/{job}/series")
+def series(
+    job: str,
+    session: SessionDep,
+    _: ReadApi,
+    max_steps: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    from_step: FromStep = None,
+    to_step: FromStep = None,
+) -> dict[str, Any]:
+    """Step time (mean and max per bin) and loss of the job's lowest rank, peak memory
+    over all ranks, and the job's incidents (to mark at their first step)."""
+    return data.series(
+        session=session,
+        job_id=_job_id(session, job),
+        max_steps=max_steps,
+        from_step=from_step,
+        to_step=to_step,
+    )
+
+
+@router.get("/jobs/{job}/bandwidth")
+def bandwidth(
+    job: str,
+    session: SessionDep,
+    _: ReadApi,
+    max_steps: Annotated[int, Query(ge=1, le=5000)] = 500,
+    from_step: FromStep = None,
+    to_step: FromStep = None,
+) -> dict[str, Any]:
+    """Collective bandwidth (bytes ÷ seconds over all ranks and ops) per group and step bin."""
+    return data.bandwidth(
+        session=session,
+        job_id=_job_id(session, job),
+        max_steps=max_steps,
+        from_step=from_step,
+        to_step=to_step,
+    )
+
+
+@router.get("/jobs/{job}/overview")
+def job_overview(job: str, session: SessionDep, _: ReadApi) -> dict[str, Any]:
+    """What the dashboard refreshes: current step, goodput, recent incidents."""
+    found = jobs.get_job(session=session, name=job)
+    if found is None:
+        raise HTTPException(404, f"job {job!r} not found")
+    job_id = _job_id(session, job)
+    return jsonable(
+        {
+            "job": found,
+            "goodput": job_goodput(session=session, job_id=job_id, now=time.time()),
+            "incidents": data.incident_marks(session=session, job_id=job_id, limit=50),
+        }
+    )
+
+
+@router.get("/incidents/{incident_id}/evidence-chart")
+def evidence_chart(incident_id: int, session: SessionDep, _: ReadApi) -> dict[str, Any]:
+    """Compute time per step around the incident's first step: each named rank and the
+    median over all ranks."""
+    row = get_incident(session=session, incident_id=incident_id)
+    if row is None:
+        raise HTTPException(404, f"incident {incident_id} not found")
+    return overview.evidence_chart(session=session, incident=row)

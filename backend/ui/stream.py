@@ -1,0 +1,176 @@
+"""Live updates for the job page, as Server-Sent Events.
+
+    GET /ui/jobs/llama/stream?after_step=1200&incidents=3:17:2024-…   (text/event-stream)
+
+    event: steps
+    id: 1203|3:17:2024-…
+    data: {"current_step": 1203, "step": [1201, 1202, 1203], "step_time": [0.31, 0.3, 0.32]}
+
+    event: incidents
+    data: {"signature": "4:18:…", "incidents": [{"id": 18, "kind": "straggler", …}]}
+
+The server polls the database about once a second, each time in a short-lived session on a
+worker thread, and sends an event only when the job has new steps or its incidents changed;
+a ``: ping`` comment every 15 s keeps proxies from closing the connection. It stops when
+the browser goes away; after ``MAX_STREAM_S`` it ends the stream and the browser's
+EventSource reconnects, resuming from ``Last-Event-ID``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.db import session_scope
+from backend.incidents.models import Incident
+from backend.jobs.models import Rank
+from backend.jobs.service import get_job_id
+from backend.telemetry.models import StepRecord
+from backend.ui.auth import ReadApi
+from backend.ui.data import incident_marks, lowest_rank, num
+
+router = APIRouter(tags=["dashboard"], include_in_schema=False)
+
+POLL_S = 1.0
+HEARTBEAT_S = 15.0
+MAX_STREAM_S = 1800.0
+MAX_POINTS = 2000
+
+
+def current_step(session: Session, job_id: int) -> int | None:
+    return session.scalar(select(func.max(Rank.last_step)).where(Rank.job_id == job_id))
+
+
+def incident_signature(session: Session, job_id: int) -> str:
+    """Changes whenever an incident of the job opens, updates or resolves."""
+    count, top, updated = session.execute(
+        select(func.count(), func.max(Incident.id), func.max(Incident.updated_at)).where(
+            Incident.job_id == job_id
+        )
+    ).one()
+    return f"{count}:{top or 0}:{updated.isoformat() if updated else ''}"
+
+
+def snapshot(
+    factory: sessionmaker[Session], job_id: int, after_step: int, signature: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events the browser has not seen: new steps after ``after_step`` (of the lowest
+    rank, as the step-time chart draws them) and the incidents if ``signature`` moved."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    with session_scope(factory) as session:
+        current = current_step(session, job_id)
+        if current is not None and current > after_step:
+            rank = lowest_rank(session, job_id)
+            rows = session.execute(
+                select(StepRecord.step, func.max(StepRecord.duration_s))
+                .where(
+                    StepRecord.job_id == job_id,
+                    StepRecord.rank == rank,
+                    StepRecord.step > after_step,
+                )
+                .group_by(StepRecord.step)
+                .order_by(StepRecord.step)
+                .limit(MAX_POINTS)
+            ).all()
+            events.append(
+                (
+                    "steps",
+                    {
+                        "current_step": current,
+                        "step": [int(s) for s, _ in rows],
+                        "step_time": [num(v) for _, v in rows],
+                    },
+                )
+            )
+        now = incident_signature(session, job_id)
+        if now != signature:
+            incidents = incident_marks(session=session, job_id=job_id, limit=50)
+            events.append(("incidents", {"signature": now, "incidents": incidents}))
+    return events
+
+
+def format_event(name: str, payload: dict[str, Any], event_id: str | None = None) -> str:
+    lines = [f"event: {name}"]
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    lines.append("data: " + json.dumps(payload, separators=(",", ":")))
+    return "\n".join(lines) + "\n\n"
+
+
+async def job_events(
+    factory: sessionmaker[Session],
+    job_id: int,
+    *,
+    after_step: int,
+    signature: str,
+    is_disconnected: Callable[[], Awaitable[bool]],
+    poll_s: float = POLL_S,
+    heartbeat_s: float = HEARTBEAT_S,
+    max_s: float = MAX_STREAM_S,
+) -> AsyncIterator[str]:
+    """Yield SSE text until the client disconnects or ``max_s`` passes."""
+    started = last_sent = time.monotonic()
+    yield "retry: 3000\n\n"
+    while not await is_disconnected():
+        events = await anyio.to_thread.run_sync(snapshot, factory, job_id, after_step, signature)
+        for name, payload in events:
+            if name == "steps":
+                steps = payload["step"]
+                after_step = max([payload["current_step"], *steps])
+            else:
+                signature = payload["signature"]
+            yield format_event(name, payload, f"{after_step}|{signature}")
+            last_sent = time.monotonic()
+        now = time.monotonic()
+        if now - started >= max_s:
+            return
+        if now - last_sent >= heartbeat_s:
+            yield ": ping\n\n"
+            last_sent = now
+        await anyio.sleep(poll_s)
+
+
+def resume_point(request: Request, after_step: int, signature: str) -> tuple[int, str]:
+    """Where a reconnecting EventSource left off (``Last-Event-ID``), else the query's."""
+    last = request.headers.get("last-event-id", "")
+    step, sep, sig = last.partition("|")
+    if sep and step.lstrip("-").isdigit():
+        return int(step), sig
+    return after_step, signature
+
+
+@router.get("/ui/jobs/{job}/stream")
+async def job_stream(
+    job: str,
+    request: Request,
+    _: ReadApi,
+    after_step: Annotated[int, Query()] = -1,
+    incidents: Annotated[str, Query(max_length=200)] = "",
+) -> StreamingResponse:
+    """Server-Sent Events: ``steps`` and ``incidents`` as the job changes."""
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+
+    def find() -> int | None:
+        with session_scope(factory) as session:
+            return get_job_id(session=session, name=job)
+
+    job_id = await anyio.to_thread.run_sync(find)
+    if job_id is None:
+        raise HTTPException(404, f"job {job!r} not found")
+    after, sig = resume_point(request, after_step, incidents)
+    events = job_events(
+        factory, job_id, after_step=after, signature=sig, is_disconnected=request.is_disconnected
+    )
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
