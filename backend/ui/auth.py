@@ -201,9 +201,9 @@ def _same_origin(request: Request) -> bool:
 async def csrf_form(request: Request) -> Form:
     """Parse a urlencoded POST body and check its CSRF token; a 403 page otherwise."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        raise PageError(415, "Send the form as application/x-www-form-urlencoded.")
     body = await request.body()
+    if body and kind != "application/x-www-form-urlencoded":
+        raise PageError(415, "Send the form as application/x-www-form-urlencoded.")
     if len(body) > MAX_FORM_BYTES:
         raise PageError(413, "The form is too large.")
     try:

@@ -122,13 +122,14 @@ def job_overview(job: str, session: SessionDep, _: ReadApi) -> dict[str, Any]:
     if found is None:
         raise HTTPException(404, f"job {job!r} not found")
     job_id = _job_id(session, job)
-    return jsonable(
+    out: dict[str, Any] = jsonable(
         {
             "job": found,
             "goodput": job_goodput(session=session, job_id=job_id, now=time.time()),
             "incidents": data.incident_marks(session=session, job_id=job_id, limit=50),
         }
     )
+    return out
 
 
 @router.get("/incidents/{incident_id}/evidence-chart")

@@ -69,8 +69,12 @@ class Bins:
     sample: list[int] | None
 
     @classmethod
-    def plan(cls, lo: int, hi: int, max_bins: int, ranks: int, budget: int = ROW_BUDGET) -> Bins:
-        width = max(1, math.ceil((hi - lo + 1) / max(1, max_bins)))
+    def plan(cls, lo: int, hi: int, max_bins: int, ranks: int, budget: int | None = None) -> Bins:
+        """At most ``max_bins`` bins; sampled when ``ranks`` × steps exceeds ``budget``."""
+        budget = ROW_BUDGET if budget is None else budget
+        # One sampled step per bin must fit the budget: very many ranks get fewer bins.
+        max_bins = max(1, min(max_bins, budget // max(1, ranks)))
+        width = max(1, math.ceil((hi - lo + 1) / max_bins))
         count = math.ceil((hi - lo + 1) / width)
         sample = None
         if ranks * (hi - lo + 1) > budget:
@@ -207,7 +211,9 @@ def series(
         if bad:
             out["nonfinite_loss_steps"].append(int(first))
     out.update(rank=rank, **bins.describe())
-    out["memory"] = memory(session=session, job_id=job_id, ext=ext, lo=lo, hi=hi, bins=max_steps)
+    out["memory"] = memory(
+        session=session, job_id=job_id, ext=ext, lo=lo, hi=hi, bins=min(max_steps, 300)
+    )
     return out
 
 

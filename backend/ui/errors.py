@@ -48,17 +48,10 @@ TITLES = {
 
 
 def error_page(request: Request, status: int, message: str) -> Response:
-    from backend.ui.auth import csrf_token, finish
+    from backend.ui.render import render
 
-    context = {
-        "status": status,
-        "title": TITLES.get(status, "Error"),
-        "message": message,
-        "csrf": csrf_token(request),
-        "who": getattr(request.state, "ui_principal", None),
-    }
-    response = templates.TemplateResponse(request, "error.html", context, status_code=status)
-    return finish(request, response)
+    context = {"status": status, "title": TITLES.get(status, "Error"), "message": message}
+    return render(request, "error.html", context, status=status)
 
 
 class PageRoute(APIRoute):

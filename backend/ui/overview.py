@@ -24,6 +24,7 @@ from backend.ui.data import Extent, compute_time, num
 RECENT_STEPS = 200
 EVIDENCE_ROWS = 100_000  # rows the evidence chart may read around the first step
 EVIDENCE_RANKS = 8  # named ranks drawn
+OPEN_LIMIT = 1000  # open incidents listed on the alerts page
 
 
 def jobs_overview(*, session: Session) -> list[dict[str, Any]]:
@@ -60,7 +61,11 @@ def alerts(*, session: Session, recent: int = 100) -> tuple[list[Any], list[Any]
     ``(Incident, job name)`` row."""
     base = select(Incident, Job.name).join(Job, Job.id == Incident.job_id)
     rank = {s: i for i, s in enumerate(SEVERITIES)}
-    opened = list(session.execute(base.where(Incident.status == "open")).all())
+    opened = list(
+        session.execute(
+            base.where(Incident.status == "open").order_by(Incident.id.desc()).limit(OPEN_LIMIT)
+        ).all()
+    )
     opened.sort(key=lambda r: (-rank.get(r[0].severity, 0), -r[0].detected_at.timestamp()))
     resolved = session.execute(
         base.where(Incident.status == "resolved")

@@ -1,26 +1,48 @@
-"""Server-rendered pages. Jinja2 autoescaping is on for every template: job names and
-other user-supplied text are escaped, never trusted as HTML."""
+"""The web dashboard, mounted as one ``router`` in ``backend/api.py``.
+
+- pages (``backend.ui.pages``) and form posts (``backend.ui.forms``): server-rendered with
+  Jinja2, autoescaping on for every template; user text is never marked safe;
+- chart JSON (``backend.ui.charts``) and live updates (``backend.ui.stream``, SSE);
+- ``/static/plotly.min.js``: plotly.js from the installed ``plotly`` package, so the
+  dashboard needs nothing from the network.
+
+Sign-in and CSRF: ``backend.ui.auth``.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
+import gzip
+import hashlib
+from functools import lru_cache
+from importlib import resources
 
-from backend.deps import SessionDep
-from backend.jobs import service as jobs
-from frontend import TEMPLATES_DIR
+from fastapi import APIRouter, Request, Response
 
-router = APIRouter(include_in_schema=False)
-templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+from backend.ui import charts, forms, pages, stream
+
+router = APIRouter()
+router.include_router(pages.router)
+router.include_router(forms.router)
+router.include_router(charts.router)
+router.include_router(stream.router)
 
 
-@router.get("/", response_class=HTMLResponse)
-def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
-    """The job list. Open only in development: the signed-in dashboard comes with the UI
-    work; until then, production deployments read through the API with a token."""
-    if request.app.state.settings.env != "development":
-        context = {"jobs": [], "locked": True}
-    else:
-        context = {"jobs": jobs.list_jobs(session=session), "locked": False}
-    return templates.TemplateResponse(request, "jobs.html", context)
+@lru_cache(maxsize=1)
+def plotly_js() -> tuple[bytes, bytes, str]:
+    """plotly.min.js as shipped in the plotly package: (raw, gzipped, etag)."""
+    raw = resources.files("plotly").joinpath("package_data/plotly.min.js").read_bytes()
+    etag = '"' + hashlib.sha256(raw).hexdigest()[:32] + '"'
+    return raw, gzip.compress(raw, compresslevel=6, mtime=0), etag
+
+
+@router.get("/static/plotly.min.js", include_in_schema=False)
+def plotly_bundle(request: Request) -> Response:
+    """Served from the installed package (gzip when the browser takes it), cached a day."""
+    raw, packed, etag = plotly_js()
+    headers = {"ETag": etag, "Cache-Control": "public, max-age=86400", "Vary": "Accept-Encoding"}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    media = "text/javascript; charset=utf-8"
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        return Response(packed, media_type=media, headers={**headers, "Content-Encoding": "gzip"})
+    return Response(raw, media_type=media, headers=headers)

@@ -1,0 +1,167 @@
+"""The dashboard's pages (GET). Thin: read through services, render a template.
+
+    /                 jobs at a glance          /alerts      open and recent incidents
+    /jobs/{job}       charts, ranks, incidents  /settings    receivers, policies, tokens
+    /incidents/{id}   evidence and actions      /login       paste an API token
+
+Charts are drawn by the page's script from the JSON endpoints in ``backend.ui.charts``, so
+the HTML itself stays quick to render for any job size.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request, Response
+from sqlalchemy import select
+
+from backend.actions import service as actions
+from backend.actions.models import ACTION_KINDS
+from backend.alerts import service as alerts
+from backend.alerts.models import RECEIVER_FORMATS
+from backend.alerts.schemas import WebhookOut
+from backend.auth.models import SCOPES
+from backend.auth.service import list_tokens
+from backend.deps import SessionDep
+from backend.incidents.models import INCIDENT_KINDS
+from backend.incidents.service import get_incident, list_incidents
+from backend.jobs import service as jobs
+from backend.jobs.models import Job
+from backend.recovery.audit import list_audit
+from backend.recovery.models import POLICY_MODES, RecoveryPolicy
+from backend.ui import overview
+from backend.ui.auth import TOKEN_COOKIE, ReadPage, principal, safe_next
+from backend.ui.errors import PageError, PageRoute
+from backend.ui.render import render
+from backend.ui.stream import incident_signature
+
+router = APIRouter(route_class=PageRoute, include_in_schema=False)
+
+
+def job_urls(name: str) -> dict[str, str]:
+    q = quote(name, safe="")
+    return {
+        "page": f"/jobs/{q}",
+        "heatmap": f"/api/v1/jobs/{q}/heatmap?max_ranks=256&max_steps=500",
+        "series": f"/api/v1/jobs/{q}/series?max_steps=1000",
+        "bandwidth": f"/api/v1/jobs/{q}/bandwidth?max_steps=500",
+        "overview": f"/api/v1/jobs/{q}/overview",
+        "stream": f"/ui/jobs/{q}/stream",
+        "actions": f"/ui/jobs/{q}/actions",
+    }
+
+
+@router.get("/")
+def jobs_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
+    """Every job with its health; goodput cells are filled by the page's script."""
+    rows = overview.jobs_overview(session=session)
+    for row in rows:
+        row["urls"] = job_urls(row["name"])
+    return render(request, "jobs.html", {"jobs": rows}, page={"script": "jobs"})
+
+
+@router.get("/jobs/{job}")
+def job_page(request: Request, job: str, session: SessionDep, _: ReadPage) -> Response:
+    found = jobs.get_job(session=session, name=job)
+    if found is None:
+        raise PageError(404, f"No job named {job!r}.")
+    job_id = jobs.get_job_id(session=session, name=job)
+    assert job_id is not None
+    urls = job_urls(job)
+    context = {
+        "job": found,
+        "urls": urls,
+        "ranks": jobs.list_ranks(session=session, job_id=job_id, now=time.time()),
+        "incidents": list_incidents(session=session, job_id=job_id, limit=50),
+        "actions": actions.list_actions(session=session, job_id=job_id, limit=20),
+        "action_kinds": ACTION_KINDS,
+        "nonce": uuid.uuid4().hex,
+    }
+    page = {
+        "script": "job",
+        "job": job,
+        "urls": urls,
+        "current_step": found["last_step"],
+        "incidents_signature": incident_signature(session, job_id),
+    }
+    return render(request, "job.html", context, page=page)
+
+
+@router.get("/incidents/{incident_id}")
+def incident_page(request: Request, incident_id: int, session: SessionDep, _: ReadPage) -> Response:
+    row = get_incident(session=session, incident_id=incident_id)
+    if row is None:
+        raise PageError(404, f"No incident {incident_id}.")
+    job = session.get(Job, row.job_id)
+    name = job.name if job else ""
+    context = {
+        "incident": row,
+        "job_name": name,
+        "urls": job_urls(name),
+        "evidence": overview.evidence_rows(row.evidence or {}),
+        "actions": overview.incident_actions(session=session, incident_id=row.id),
+        "audit": list_audit(session=session, job_id=row.job_id, incident_id=row.id, limit=50),
+        "action_kinds": ACTION_KINDS,
+        "nonce": uuid.uuid4().hex,
+    }
+    page = {
+        "script": "incident",
+        "evidence_url": f"/api/v1/incidents/{row.id}/evidence-chart",
+        "ranks": list(row.ranks or []),
+    }
+    return render(request, "incident.html", context, page=page)
+
+
+@router.get("/alerts")
+def alerts_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
+    opened, resolved = overview.alerts(session=session)
+    context = {
+        "open": [i for i, _ in opened],
+        "open_jobs": [name for _, name in opened],
+        "resolved": [i for i, _ in resolved],
+        "resolved_jobs": [name for _, name in resolved],
+    }
+    return render(request, "alerts.html", context)
+
+
+@router.get("/settings")
+def settings_page(request: Request, session: SessionDep, who: ReadPage) -> Response:
+    """Receivers and policies for every reader; tokens for admins only."""
+    return render(request, "settings.html", settings_context(session, who.has("admin")))
+
+
+def settings_context(session: SessionDep, admin: bool) -> dict[str, object]:
+    policies = session.scalars(
+        select(RecoveryPolicy).order_by(RecoveryPolicy.job, RecoveryPolicy.kind)
+    ).all()
+    return {
+        "receivers": [WebhookOut.of(r) for r in alerts.list_receivers(session=session)],
+        "policies": policies,
+        "tokens": list_tokens(session=session) if admin else [],
+        "formats": RECEIVER_FORMATS,
+        "kinds": INCIDENT_KINDS,
+        "modes": POLICY_MODES,
+        "scopes": SCOPES,
+        "new_secret": None,
+        "new_token": None,
+        "test_result": None,
+    }
+
+
+@router.get("/login")
+def login_page(request: Request) -> Response:
+    request.state.ui_principal = who = principal(request)
+    context = {"next": safe_next(request.query_params.get("next")), "error": None}
+    response = render(request, "login.html", context, no_store=True)
+    if who is None and request.cookies.get(TOKEN_COOKIE):
+        response.delete_cookie(TOKEN_COOKIE, path="/")  # revoked or invalid: forget it
+    return response
+
+
+@router.get("/logout")
+def logout_page(request: Request) -> Response:
+    """A button that posts the sign-out (a link alone could be followed by another site)."""
+    request.state.ui_principal = principal(request)
+    return render(request, "logout.html", {})

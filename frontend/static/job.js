@@ -1,0 +1,148 @@
+/* Job page: charts from the JSON endpoints, then live updates by Server-Sent Events. */
+(function () {
+  "use strict";
+  var V = window.Vigil;
+  var page, marks = [];
+
+  function incidentShapes(incidents) {
+    var shapes = [], annotations = [];
+    incidents.forEach(function (i) {
+      if (i.first_step == null) return;
+      var color = i.severity === "critical" ? "#dc2626" : i.severity === "warning" ? "#d97706" : "#2563eb";
+      shapes.push({ type: "line", xref: "x", yref: "paper", x0: i.first_step, x1: i.first_step,
+                    y0: 0, y1: 1, line: { color: color, dash: "dot", width: 1.5 } });
+      annotations.push({ x: i.first_step, y: 1, xref: "x", yref: "paper", yanchor: "bottom",
+                         showarrow: false, font: { color: color, size: 11 },
+                         text: V.plotText("#" + i.id + " " + i.kind) });
+    });
+    return { shapes: shapes, annotations: annotations };
+  }
+
+  function drawSeries(d) {
+    marks = d.incidents || [];
+    var m = incidentShapes(marks);
+    if (!d.step.length) {
+      V.noData("step-time-chart", "No steps yet.");
+      V.noData("loss-chart", "No loss reported.");
+    } else {
+      var bin = d.step_bin > 1 ? " (mean per " + d.step_bin + " steps)" : "";
+      V.plot("step-time-chart", [
+        { x: d.step, y: d.step_time, name: "step time" + bin + ", rank " + d.rank, mode: "lines" },
+        { x: d.step, y: d.step_time_max, name: "max", mode: "lines", line: { dash: "dot", width: 1 } },
+      ], { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "seconds" } },
+           shapes: m.shapes, annotations: m.annotations, margin: { l: 55, r: 20, t: 24, b: 40 } });
+      var bad = d.nonfinite_loss_steps.map(function (s) {
+        return { type: "line", xref: "x", yref: "paper", x0: s, x1: s, y0: 0, y1: 1,
+                 line: { color: "#dc2626", width: 1 } };
+      });
+      V.plot("loss-chart", [{ x: d.step, y: d.loss, name: "loss", mode: "lines" }],
+             { xaxis: { title: { text: "step" } }, shapes: bad, showlegend: false });
+    }
+    var mem = d.memory;
+    if (!mem.step.length) { V.noData("memory-chart", "No memory reported."); return; }
+    V.plot("memory-chart", [{
+      x: mem.step, y: mem.max_bytes.map(function (b) { return b / 1073741824; }),
+      name: "peak over ranks", mode: "lines", fill: "tozeroy",
+    }], { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "GiB" } }, showlegend: false });
+  }
+
+  function drawHeatmap(d) {
+    if (!d.z.length) { V.noData("heatmap", "No steps yet."); return; }
+    var note = "bins: " + d.step_bin + " step(s) × " + d.rank_bin + " rank(s)";
+    if (d.sampled_steps_per_bin) note += ", " + d.sampled_steps_per_bin + " sampled step(s) per bin";
+    document.getElementById("heatmap-note").textContent = note;
+    V.plot("heatmap", [{
+      type: "heatmap", x: d.x, y: d.y, z: d.z, colorscale: "Viridis",
+      colorbar: { title: { text: "s" } },
+      hovertemplate: "ranks %{y}+ · steps %{x}+<br>compute %{z:.4f} s<extra></extra>",
+    }], { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "rank" } },
+          margin: { l: 55, r: 20, t: 10, b: 40 } });
+  }
+
+  function drawBandwidth(d) {
+    if (!d.groups.length) { V.noData("bandwidth-chart", "No collectives reported."); return; }
+    V.plot("bandwidth-chart", d.groups.map(function (g) {
+      return { x: g.step, y: g.bytes_per_s.map(function (b) { return b == null ? null : b / 1e9; }),
+               name: V.plotText(g.group), mode: "lines" };
+    }), { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "GB/s" } }, showlegend: true });
+  }
+
+  function drawOverview(d) {
+    var g = d.goodput;
+    var value = document.getElementById("goodput-value");
+    if (!g || !g.total_s) {
+      value.textContent = "—";
+      V.noData("goodput-chart", "No time accounted yet.");
+      return;
+    }
+    value.textContent = (100 * g.goodput).toFixed(1) + "%";
+    var names = ["productive"], secs = [g.productive_s];
+    Object.keys(g.badput).forEach(function (k) { names.push(k.replace(/_/g, " ")); secs.push(g.badput[k]); });
+    V.plot("goodput-chart", [{ type: "bar", x: names, y: secs,
+      marker: { color: names.map(function (n) { return n === "productive" ? "#16a34a" : "#f59e0b"; }) } }],
+      { yaxis: { title: { text: "seconds" } }, showlegend: false });
+  }
+
+  function renderIncidents(incidents) {
+    var body = document.querySelector("#incidents tbody");
+    if (!body) return;
+    body.textContent = "";
+    var open = 0;
+    incidents.forEach(function (i) {
+      if (i.status === "open") open += 1;
+      var tr = document.createElement("tr");
+      tr.className = "incident status-" + i.status;
+      tr.setAttribute("data-id", String(i.id));
+      V.link(V.cell(tr, ""), "/incidents/" + encodeURIComponent(i.id), String(i.id));
+      V.cell(tr, i.kind);
+      var sev = document.createElement("span");
+      sev.className = "sev sev-" + i.severity;
+      sev.textContent = i.severity;
+      V.cell(tr, "").appendChild(sev);
+      V.cell(tr, i.status);
+      V.cell(tr, i.ranks.length ? i.ranks.join(", ") : "—");
+      V.cell(tr, i.first_step == null ? "—" : i.first_step);
+      V.cell(tr, i.detected_at.replace("T", " ").slice(0, 19));
+      V.cell(tr, i.summary, "summary");
+      body.appendChild(tr);
+    });
+    document.getElementById("open-incidents").textContent = String(open);
+    var chart = document.getElementById("step-time-chart");
+    if (chart && chart.getAttribute("data-ready") === "1" && window.Plotly && chart.data) {
+      var m = incidentShapes(incidents);
+      window.Plotly.relayout(chart, { shapes: m.shapes, annotations: m.annotations });
+    }
+  }
+
+  function live() {
+    if (!window.EventSource) return;
+    var status = document.getElementById("live-status");
+    var url = page.urls.stream + "?after_step=" + encodeURIComponent(page.current_step == null ? -1 : page.current_step) +
+              "&incidents=" + encodeURIComponent(page.incidents_signature);
+    var source = new EventSource(url);
+    source.onopen = function () { status.textContent = "live"; };
+    source.onerror = function () { status.textContent = "reconnecting…"; };
+    source.addEventListener("steps", function (ev) {
+      var d = JSON.parse(ev.data);
+      document.getElementById("current-step").textContent = String(d.current_step);
+      var chart = document.getElementById("step-time-chart");
+      if (d.step.length && chart && chart.data && window.Plotly) {
+        window.Plotly.extendTraces(chart, { x: [d.step, d.step], y: [d.step_time, d.step_time] }, [0, 1], 20000);
+      }
+    });
+    source.addEventListener("incidents", function (ev) {
+      renderIncidents(JSON.parse(ev.data).incidents);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    page = V.pageData();
+    var series = V.fetchJSON(page.urls.series).then(drawSeries).catch(function (err) {
+      ["step-time-chart", "loss-chart", "memory-chart"].forEach(function (id) { V.failed(id, err); });
+    });
+    V.fetchJSON(page.urls.heatmap).then(drawHeatmap).catch(function (err) { V.failed("heatmap", err); });
+    V.fetchJSON(page.urls.bandwidth).then(drawBandwidth).catch(function (err) { V.failed("bandwidth-chart", err); });
+    V.fetchJSON(page.urls.overview).then(drawOverview).catch(function (err) { V.failed("goodput-chart", err); });
+    series.then(live);
+  });
+})();
