@@ -32,6 +32,7 @@ log = logging.getLogger("vigil.collector")
 RESTART_EXIT_CODE = 75
 MAX_FRAMES = 64
 RESTART_KINDS = ("exit_for_restart", "restart")
+HANDLER_WAIT_S = 10.0  # how long an action waits for its handler to be registered
 
 ActionHandler = Callable[[dict[str, Any]], Any]
 
@@ -75,7 +76,7 @@ class ActionRunner:
             self.report(action, "succeeded", {"exit_code": code, "pid": os.getpid()})
             exit_for_restart(self.client, code)
             return
-        handler = self.handlers.get(kind)
+        handler = self._handler(kind)
         if handler is None:
             self.report(action, "failed", {"error": f"no handler for {kind!r} on this rank"})
             return
@@ -90,6 +91,15 @@ class ActionRunner:
         self.report(action, "succeeded", result)
         if result.get("restart") is True:
             exit_for_restart(self.client, int(params.get("exit_code", RESTART_EXIT_CODE)))
+
+    def _handler(self, kind: str) -> ActionHandler | None:
+        """The handler for ``kind``; a process that started moments ago may not have
+        registered it yet (the collector starts before the script's ``on_action`` lines
+        run), so wait for it a little before giving up."""
+        deadline = time.monotonic() + HANDLER_WAIT_S
+        while (handler := self.handlers.get(kind)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return handler
 
     def report(self, action: dict[str, Any], state: str, result: dict[str, Any] | None) -> None:
         event: dict[str, Any] = {

@@ -21,8 +21,8 @@ Method, per family:
 2. **Reference.** With at least ``min_peers`` groups, the per-step median bandwidth of the
    family's groups (of at most ``max_peer_sample``, evenly spaced: peers run the same op on
    the same message sizes over the same kind of links, so they should match); with exactly
-   two groups, the other group's bandwidth at the same step. A single group is judged
-   against its own median over the first ``baseline_steps`` steps.
+   two groups, the other group's bandwidth at the same step. Families of one group are not
+   judged (no peers, no member to single out: the slowdown detector covers the job).
 3. **Slow group.** Bandwidth below ``1 - min_drop`` times the reference on at least
    ``min_frac`` of some ``min_steps`` consecutive steps (blips do not count). ``active`` when
    that also holds for the last ``min_steps`` steps.
@@ -163,7 +163,11 @@ def detect_comm(
 
     findings: list[Finding] = []
     slow: list[_SlowGroup] = []
-    for fam in families:
+    # A family of one group (the world group of a small job) has no peers and no member
+    # to single out: its slowdowns are the job's, which the slowdown detector reports
+    # (attributed to communication). Judged against its own history on a shared host, it
+    # would mostly report noise.
+    for fam in (f for f in families if f.duration_s.shape[0] >= 2):
         fam_slow, fam_wide = _scan_family(fam, step_ids, cfg)
         slow.extend(fam_slow)
         if fam_wide is not None:

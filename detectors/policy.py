@@ -308,7 +308,9 @@ def _candidate(f: Facts, action: str, nothing_s: float) -> Candidate | str:
             return f"rolling back does not help a {f.kind}"
         params: dict[str, Any] = {}
         if f.first_step is not None:
-            params["before_step"] = f.first_step
+            # The first bad loss is at first_step; the update before it may already have
+            # poisoned the weights, so checkpoints from first_step - 1 on are suspect.
+            params["before_step"] = max(0, f.first_step - 1)
         why = f"rolling back to the last good checkpoint costs ~{h(base)}: {redo}"
         return Candidate(action, base, why, None, params)
     if action == "checkpoint_now":

@@ -173,17 +173,12 @@ def test_slow_link_at_16_ranks_names_the_rank() -> None:
     assert f.ranks == (11,) and f.key == "comm_anomaly:rank:11"
 
 
-def test_single_group_uses_its_own_history() -> None:
-    one = [f for f in families(ranks=8) if f.kind == "tp"]
-    assert len(one[0].group_names) == 1
-    assert detect_comm(one) == []
+def test_a_single_group_family_is_not_judged() -> None:
+    """The world group of a small job: no peers, nobody to single out (the slowdown
+    detector reports the job getting slower)."""
     slow = [f for f in families(ranks=8, slow={"tp-0": (100, None, 3.0)}) if f.kind == "tp"]
-    (f,) = detect_comm(slow)
-    assert f.key == "comm_anomaly:group:tp-0" and f.first_step == 100
-    # The only group is the whole job: naming all of its ranks would blame no one.
-    assert f.ranks == () and "own_baseline_gbps" in f.evidence["slow_groups"][0]
-    mild = [f for f in families(ranks=8, slow={"tp-0": (100, None, 1.6)}) if f.kind == "tp"]
-    assert detect_comm(mild) == []  # own history moves with host load: a 1.6x drop is noise
+    assert len(slow[0].group_names) == 1
+    assert detect_comm(slow) == []
 
 
 def test_blips_and_short_windows() -> None:

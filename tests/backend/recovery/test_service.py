@@ -186,7 +186,7 @@ def test_nan_rolls_back_past_the_first_bad_step(session, settings):
     policy(session, job.name)
     incident = make_incident(session, job, "nan", ranks=(), first_step=60)
     [action] = service.respond(session=session, incidents=[incident], settings=settings)
-    assert (action.kind, action.params) == ("rollback", {"before_step": 60})
+    assert (action.kind, action.params) == ("rollback", {"before_step": 59})
     assert action.reasoning["work_at_risk"] == "59 steps since the checkpoint at step 40"
 
 
