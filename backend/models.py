@@ -15,6 +15,7 @@ from backend.telemetry.models import (
     OpSequence,
     ServingRequest,
     StepRecord,
+    StepRollup,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RecoveryPolicy",
     "ServingRequest",
     "StepRecord",
+    "StepRollup",
     "WebhookDelivery",
     "WebhookReceiver",
 ]

@@ -31,6 +31,8 @@ from sqlalchemy import make_url
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from backend.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
+from backend.ingest.service import rebuild_rollups  # noqa: E402
 from backend.migrate import upgrade  # noqa: E402
 from tests.servers import live_server  # noqa: E402
 
@@ -40,7 +42,8 @@ T0 = 1_795_000_000.0
 
 
 def load(dsn: str, ranks: int, steps: int) -> None:
-    """Create the job and COPY its steps and collectives (one attempt, no incidents)."""
+    """Create the job and COPY its steps and collectives (one attempt, no incidents), then
+    compute the step rollups that ingest would have kept."""
     url = make_url(dsn)
     admin = url.set(database="postgres").render_as_string(hide_password=False)
     with psycopg.connect(admin.replace("+psycopg", ""), autocommit=True) as conn:
@@ -105,8 +108,16 @@ def load(dsn: str, ranks: int, steps: int) -> None:
             done = first + n
             rate = done * ranks / (time.perf_counter() - started)
             print(f"\rloaded {done:,}/{steps:,} steps × {ranks} ranks ({rate:,.0f} rows/s)", end="")
+    # COPY went around ingest, so the charts' rollups are computed from the steps here.
+    engine = make_engine(dsn)
+    try:
+        with session_scope(make_sessionmaker(engine), write=True) as session:
+            rebuild_rollups(session=session, job_id=job_id)
+    finally:
+        engine.dispose()
+    with psycopg.connect(plain, autocommit=True) as conn:
         conn.execute("ANALYZE")
-    print()
+    print(f"\nloaded in {time.perf_counter() - started:.0f} s (rollups included)")
 
 
 def api_latencies(base: str, rounds: int) -> dict[str, list[float]]:
@@ -172,13 +183,15 @@ def main() -> None:
             p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
             worst = max(worst, p99)
             print(f"  {name:<30} {statistics.median(ms):8.1f} {p99:8.1f} {ms[-1]:8.1f}")
+        print(f"\n{'PASS' if worst < 100 else 'FAIL'}  API p99 < 100 ms (worst {worst:.1f} ms)")
+        if args.page_rounds <= 0:
+            return
         renders = page_render(base, args.page_rounds)
         print(
             f"\njob page until every chart is drawn (s): median {statistics.median(renders):.2f}"
             f", max {max(renders):.2f} over {len(renders)} loads"
         )
         print(
-            f"\n{'PASS' if worst < 100 else 'FAIL'}  API p99 < 100 ms (worst {worst:.1f} ms)\n"
             f"{'PASS' if max(renders) < 1.5 else 'FAIL'}  job page < 1.5 s "
             f"(max {max(renders):.2f} s)"
         )

@@ -51,6 +51,9 @@ class Action(Base):
     target_ranks: Mapped[list[int] | None] = mapped_column(JSON)
     params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     reason: Mapped[str] = mapped_column(Text, default="")
+    # The job's restart attempt when the action was created: only that incarnation's
+    # processes receive it (a restart must not be re-run by the group it started).
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The recovery policy's choice: candidates with their expected costs, guards applied.
     reasoning: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     approved_by: Mapped[str | None] = mapped_column(String(128))

@@ -34,6 +34,7 @@ class ActionOut(BaseModel):
     target_ranks: list[int] | None
     params: dict[str, Any]
     reason: str
+    attempt: int = Field(0, description="The job's restart attempt the action is for.")
     idempotency_key: str
     deliveries: dict[str, Any]
     result: dict[str, Any] | None

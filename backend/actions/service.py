@@ -24,10 +24,18 @@ from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
 from backend.db import utcnow
+from backend.jobs.models import Job
 from backend.recovery.audit import audit
 
 OPEN_STATES = ("pending", "dispatched", "acked")
 DEFAULT_TTL_S = 600
+# Kinds whose success ends the process: the next attempt is their outcome.
+RESTARTING_KINDS = ("restart", "exit_for_restart", "rollback", "evict_rank")
+
+
+def job_attempt(*, session: Session, job_id: int) -> int:
+    """The job's current restart attempt (the highest any rank reported)."""
+    return session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
 
 
 def create_action(
@@ -67,6 +75,7 @@ def create_action(
         params=params or {},
         reason=reason,
         reasoning=reasoning,
+        attempt=job_attempt(session=session, job_id=job_id),
         deliveries={},
         created_at=now,
         updated_at=now,
@@ -100,11 +109,17 @@ def _targets(action: Action, rank: int) -> bool:
     return action.target_ranks is None or rank in action.target_ranks
 
 
-def dispatch_for_rank(*, session: Session, job_id: int, rank: int) -> list[dict[str, Any]]:
+def dispatch_for_rank(
+    *, session: Session, job_id: int, rank: int, attempt: int = 0
+) -> list[dict[str, Any]]:
     """Open actions this rank has not received yet, marked as dispatched to it.
 
     Called on every ingest batch, so the common case (no open action) is one indexed query.
-    Delivery is at least once: an action is re-sent until the rank reports on it.
+    Delivery is at least once: an action is re-sent until the rank reports on it — but
+    only to the incarnation of the job it was made for (``attempt``, torchrun's restart
+    count): a rank of a later attempt closes it instead (:func:`_supersede`), so a restart
+    is never re-run by the group it started, and a lagging rank of an earlier attempt
+    does not receive it.
     """
     query = select(Action.id).where(Action.job_id == job_id, Action.state.in_(OPEN_STATES))
     candidates = list(session.scalars(query))
@@ -127,8 +142,11 @@ def dispatch_for_rank(*, session: Session, job_id: int, rank: int) -> list[dict[
                 at=now,
             )
             continue
+        if attempt > action.attempt:
+            _supersede(session, action, attempt, now)
+            continue
         key = str(rank)
-        if not _targets(action, rank):
+        if attempt < action.attempt or not _targets(action, rank):
             continue
         delivery = action.deliveries.get(key)
         if delivery is not None and delivery["state"] != "dispatched":
@@ -147,6 +165,31 @@ def dispatch_for_rank(*, session: Session, job_id: int, rank: int) -> list[dict[
         out.append({"id": action.id, "kind": action.kind, "params": action.params})
     session.flush()
     return out
+
+
+def _supersede(session: Session, action: Action, attempt: int, now: Any) -> None:
+    """The job restarted (it is at ``attempt`` now) before every rank reported on the
+    action. A restarting kind that a rank ran did its job: the restart is its outcome.
+    Anything else can no longer reach the processes it was meant for: expired."""
+    ran = any(d.get("state") == "succeeded" for d in action.deliveries.values())
+    before = action.state
+    action.state = "succeeded" if ran and action.kind in RESTARTING_KINDS else "expired"
+    action.result = {
+        **(action.result or {}),
+        "superseded_by_attempt": attempt,
+        "note": f"the job restarted (attempt {attempt}) before every rank reported",
+    }
+    action.updated_at = now
+    audit(
+        session=session,
+        job_id=action.job_id,
+        actor="system",
+        event=action.state,
+        action_id=action.id,
+        incident_id=action.incident_id,
+        detail={"kind": action.kind, "from": before, "attempt": attempt},
+        at=now,
+    )
 
 
 def record_report(

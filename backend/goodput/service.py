@@ -94,7 +94,8 @@ def load_timeline(*, session: Session, job_id: int, now: float) -> np.ndarray[An
         .group_by(StepRecord.attempt, StepRecord.step)
         .order_by(StepRecord.attempt, ts)
     ).all()
-    return np.array(rows, dtype=np.float64).reshape(-1, 5)
+    # Plain tuples first: numpy reading SQLAlchemy Row objects one by one is ~4x slower.
+    return np.array([tuple(r) for r in rows], dtype=np.float64).reshape(-1, 5)
 
 
 def load_saves(*, session: Session, job_id: int, now: float) -> list[CheckpointSave]:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
 from backend.jobs.models import Job, Rank
-from backend.telemetry.models import StepRecord
+from backend.telemetry.models import ROLLUP_WIDTHS, StepRecord, StepRollup
 
 RECENT_STEPS = 200
 
@@ -69,9 +69,7 @@ def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
         return None
     job_id = row[0].id
     out = _summary(row)
-    out["steps_stored"] = session.scalar(
-        select(func.count()).select_from(StepRecord).where(StepRecord.job_id == job_id)
-    )
+    out["steps_stored"] = steps_stored(session=session, job_id=job_id)
     recent = session.scalars(
         select(StepRecord.duration_s)
         .where(StepRecord.job_id == job_id)
@@ -85,6 +83,19 @@ def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
         .where(Incident.job_id == job_id, Incident.status == "open")
     )
     return out
+
+
+def steps_stored(*, session: Session, job_id: int) -> int:
+    """Step rows of the job: summed from the coarsest rollups (a few rows per rank) when
+    ingest keeps them, else counted."""
+    top = len(ROLLUP_WIDTHS) - 1
+    total = session.scalar(
+        select(func.sum(StepRollup.n)).where(StepRollup.job_id == job_id, StepRollup.level == top)
+    )
+    if total is not None:
+        return int(total)
+    query = select(func.count()).select_from(StepRecord).where(StepRecord.job_id == job_id)
+    return int(session.scalar(query) or 0)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
-from backend.actions.service import DEFAULT_TTL_S, create_action
+from backend.actions.service import DEFAULT_TTL_S, create_action, job_attempt
 from backend.db import utcnow
 from backend.incidents.models import Incident
 from backend.jobs.models import Job
@@ -283,6 +283,8 @@ def approve(
             guards,
         )
     action.state, action.approved_by, action.updated_at = "pending", actor[:128], now
+    # Approved now: it is for the job as it runs now, not as it ran when proposed.
+    action.attempt = job_attempt(session=session, job_id=action.job_id)
     action.expires_at = now + timedelta(seconds=float(policy.params.get("ttl_s", DEFAULT_TTL_S)))
     approval = {"by": actor, "at": now.isoformat(), "forced": bool(blocked), **detail}
     action.reasoning = {**(action.reasoning or {}), "approval": approval}

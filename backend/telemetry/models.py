@@ -47,6 +47,37 @@ class StepRecord(Base):
     opseq: Mapped[str | None] = mapped_column(String(64))
 
 
+# Bin widths (steps) of the step rollups, finest first; each divides the next.
+ROLLUP_WIDTHS = (16, 64, 256, 1024, 4096)
+
+
+class StepRollup(Base):
+    """A downsampling pyramid of ``steps``: one row per (job, level, step bin, rank),
+    kept by ingest in the transaction that stores the steps (``backend.ingest.service``).
+    Level ``i`` bins steps ``bin × w … bin × w + w − 1`` with ``w = ROLLUP_WIDTHS[i]``, so
+    a chart over 10⁷ step rows reads 10⁴–10⁵ rollup rows instead::
+
+        # mean compute time of rank 3 over steps 256…511
+        row.sum_compute / row.n   # where level=2, bin=1, rank=3
+    """
+
+    __tablename__ = "step_rollups"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bin: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)  # step rows
+    sum_duration: Mapped[float] = mapped_column(Double)
+    max_duration: Mapped[float] = mapped_column(Double)
+    sum_compute: Mapped[float] = mapped_column(Double)  # duration_s − comm_s (or 0)
+    max_compute: Mapped[float] = mapped_column(Double)
+    n_loss: Mapped[int] = mapped_column(Integer)  # finite losses
+    sum_loss: Mapped[float] = mapped_column(Double)
+    n_nonfinite_loss: Mapped[int] = mapped_column(Integer)
+    max_mem: Mapped[int | None] = mapped_column(BigInteger)
+
+
 class CollectiveRecord(Base):
     """Collective calls of one rank, aggregated per step and (group, op)."""
 

@@ -63,8 +63,9 @@ def heatmap(
     """Compute time (step − collective wait) per rank bin × step bin, at most
     `max_ranks` × `max_steps` cells, aggregated in the database. `z[i][j]` is rank bin `i`
     (ranks `y[i]`…) and step bin `j` (steps `x[j]`…), null where nothing was reported.
-    Above 600,000 rows each step bin is represented by evenly spaced sample steps
-    (`sampled_steps_per_bin`)."""
+    Above 50,000 step rows it reads the job's rollups (bins of 16 … 4,096 steps per rank,
+    `rollup` says which); a job without them is sampled above 600,000 rows, each step bin
+    represented by evenly spaced steps (`sampled_steps_per_bin`)."""
     return data.heatmap(
         session=session,
         job_id=_job_id(session, job),

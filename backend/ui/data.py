@@ -11,6 +11,13 @@ each step bin is represented by a few evenly spaced steps read through the
 
 Series of the whole job (step time, loss) come from its lowest reporting rank through the
 ``(job_id, rank, step)`` index: in synchronous training every rank has that timeline.
+
+Charts over more than ``RAW_BUDGET`` step rows read ``step_rollups`` instead (sums per
+rank and bin of 16 … 4,096 steps, kept by ingest): the finest level whose bins in range,
+times the ranks, fit ``ROLLUP_BUDGET``, its bins merged to at most the bins asked. Every
+step counts (no sampling); a bin's edges are the level's, so a range's first and last bin
+may hold a few steps outside it. Jobs without rollups (rows written around ingest) fall
+back to the sampled rows.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
-from backend.telemetry.models import CollectiveRecord, StepRecord
+from backend.telemetry.models import ROLLUP_WIDTHS, CollectiveRecord, StepRecord, StepRollup
 
 ROW_BUDGET = 600_000  # rows one chart query may aggregate before it samples steps
+RAW_BUDGET = 50_000  # step rows a chart reads before it reads the job's rollups instead
+ROLLUP_BUDGET = 60_000  # rollup rows one chart query may aggregate
 MAX_SAMPLED_STEPS = 5_000  # longest list of sampled steps sent to the database
 FINITE = 1e300  # |x| below this is finite; NaN (text on SQLite, > all on Postgres) is not
 
@@ -105,6 +114,70 @@ class Bins:
         return {"step_bin": self.width, "sampled_steps_per_bin": per_bin}
 
 
+@dataclass(frozen=True)
+class Rollup:
+    """Bins of ``factor`` consecutive rollup bins of ``level`` (``level_width`` steps each);
+    bin 0 starts at step ``lo``. Same interface as ``Bins`` over ``StepRollup`` rows."""
+
+    level: int
+    level_width: int
+    first: int  # rollup bins first..last are read
+    last: int
+    factor: int
+    count: int
+
+    @classmethod
+    def plan(
+        cls, session: Session, job_id: int, lo: int, hi: int, max_bins: int, ranks: int
+    ) -> Rollup | None:
+        """``None`` where raw rows are cheap enough (or the job has no rollups)."""
+        if ranks * (hi - lo + 1) <= RAW_BUDGET or not has_rollups(session, job_id):
+            return None
+        level = next(
+            (
+                i
+                for i, w in enumerate(ROLLUP_WIDTHS)
+                if (hi // w - lo // w + 1) * ranks <= ROLLUP_BUDGET
+            ),
+            len(ROLLUP_WIDTHS) - 1,
+        )
+        width = ROLLUP_WIDTHS[level]
+        first, last = lo // width, hi // width
+        factor = max(1, math.ceil((last - first + 1) / max(1, max_bins)))
+        return cls(level, width, first, last, factor, math.ceil((last - first + 1) / factor))
+
+    @property
+    def lo(self) -> int:
+        return self.first * self.level_width
+
+    @property
+    def width(self) -> int:
+        return self.level_width * self.factor
+
+    def where(self, query: Select[Any], job_id: int) -> Select[Any]:
+        r = StepRollup
+        return query.where(
+            r.job_id == job_id, r.level == self.level, r.bin >= self.first, r.bin <= self.last
+        )
+
+    def index(self) -> Any:
+        return ((StepRollup.bin - self.first) // self.factor).label("bin")
+
+    def start(self, index: int) -> int:
+        return self.lo + index * self.width
+
+    def describe(self) -> dict[str, Any]:
+        return {"step_bin": self.width, "sampled_steps_per_bin": None, "rollup": self.level_width}
+
+
+def has_rollups(session: Session, job_id: int) -> bool:
+    """Whether ingest keeps rollups of the job's steps (one row of the coarsest level)."""
+    query = select(StepRollup.n).where(
+        StepRollup.job_id == job_id, StepRollup.level == len(ROLLUP_WIDTHS) - 1
+    )
+    return session.execute(query.limit(1)).first() is not None
+
+
 def _range(ext: Extent, from_step: int | None, to_step: int | None) -> tuple[int, int]:
     lo = ext.first_step if from_step is None else max(from_step, ext.first_step)
     hi = ext.last_step if to_step is None else min(to_step, ext.last_step)
@@ -132,14 +205,22 @@ def heatmap(
     if ext is None:
         return {"x": [], "y": [], "z": [], "step_bin": 1, "rank_bin": 1, "value": "compute_s"}
     lo, hi = _range(ext, from_step, to_step)
-    bins = Bins.plan(lo, hi, max_steps, ext.ranks)
     rank_width = max(1, math.ceil(ext.ranks / max(1, max_ranks)))
     rank_count = math.ceil(ext.ranks / rank_width)
-    fn = func.max if agg == "max" else func.avg
-    step_bin = bins.index(StepRecord.step)
-    rank_bin = (StepRecord.rank // rank_width).label("rank_bin")
-    query = select(step_bin, rank_bin, fn(compute_time())).where(StepRecord.job_id == job_id)
-    query = bins.where(query, StepRecord.step).group_by(step_bin, rank_bin)
+    bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ext.ranks)
+    if isinstance(bins, Rollup):
+        r = StepRollup
+        value = func.max(r.max_compute) if agg == "max" else func.sum(r.sum_compute) / func.sum(r.n)
+        step_bin, rank_bin = bins.index(), (r.rank // rank_width).label("rank_bin")
+        query = bins.where(select(step_bin, rank_bin, value), job_id)
+    else:
+        bins = Bins.plan(lo, hi, max_steps, ext.ranks)
+        fn = func.max if agg == "max" else func.avg
+        step_bin = bins.index(StepRecord.step)
+        rank_bin = (StepRecord.rank // rank_width).label("rank_bin")
+        query = select(step_bin, rank_bin, fn(compute_time())).where(StepRecord.job_id == job_id)
+        query = bins.where(query, StepRecord.step)
+    query = query.group_by(step_bin, rank_bin)
     z: list[list[float | None]] = [[None] * bins.count for _ in range(rank_count)]
     for b, r, value in session.execute(query):
         if 0 <= r < rank_count and 0 <= b < bins.count:
@@ -188,21 +269,38 @@ def series(
     if ext is None or rank is None:
         return out
     lo, hi = _range(ext, from_step, to_step)
-    bins = Bins.plan(lo, hi, max_steps, ranks=1)
-    loss = StepRecord.loss
-    nonfinite = case((loss.is_not(None) & ~loss.between(-FINITE, FINITE), 1), else_=0)
-    b = bins.index(StepRecord.step)
-    query = bins.where(
-        select(
-            b,
-            func.avg(StepRecord.duration_s),
-            func.max(StepRecord.duration_s),
-            func.avg(_finite(loss)),
-            func.sum(nonfinite),
-            func.min(StepRecord.step),
-        ).where(StepRecord.job_id == job_id, StepRecord.rank == rank),
-        StepRecord.step,
-    )
+    bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ranks=1)
+    if isinstance(bins, Rollup):
+        r = StepRollup
+        b = bins.index()
+        loss_sum = func.sum(r.sum_loss)
+        query = bins.where(
+            select(
+                b,
+                func.sum(r.sum_duration) / func.sum(r.n),
+                func.max(r.max_duration),
+                case((func.sum(r.n_loss) > 0, loss_sum / func.sum(r.n_loss)), else_=None),
+                func.sum(r.n_nonfinite_loss),
+                func.min(r.bin) * bins.level_width,
+            ).where(r.rank == rank),
+            job_id,
+        )
+    else:
+        bins = Bins.plan(lo, hi, max_steps, ranks=1)
+        loss = StepRecord.loss
+        nonfinite = case((loss.is_not(None) & ~loss.between(-FINITE, FINITE), 1), else_=0)
+        b = bins.index(StepRecord.step)
+        query = bins.where(
+            select(
+                b,
+                func.avg(StepRecord.duration_s),
+                func.max(StepRecord.duration_s),
+                func.avg(_finite(loss)),
+                func.sum(nonfinite),
+                func.min(StepRecord.step),
+            ).where(StepRecord.job_id == job_id, StepRecord.rank == rank),
+            StepRecord.step,
+        )
     for index, avg, top, mean_loss, bad, first in session.execute(query.group_by(b).order_by(b)):
         out["step"].append(bins.start(index))
         out["step_time"].append(num(avg))
@@ -221,12 +319,23 @@ def memory(
     *, session: Session, job_id: int, ext: Extent, lo: int, hi: int, bins: int
 ) -> dict[str, Any]:
     """Peak ``mem_bytes`` over all ranks per step bin."""
-    plan = Bins.plan(lo, hi, bins, ext.ranks)
-    b = plan.index(StepRecord.step)
-    query = select(b, func.max(StepRecord.mem_bytes)).where(
-        StepRecord.job_id == job_id, StepRecord.mem_bytes.is_not(None)
-    )
-    rows = session.execute(plan.where(query, StepRecord.step).group_by(b).order_by(b)).all()
+    plan: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, bins, ext.ranks)
+    if isinstance(plan, Rollup):
+        b = plan.index()
+        query = plan.where(
+            select(b, func.max(StepRollup.max_mem)).where(StepRollup.max_mem.is_not(None)),
+            job_id,
+        )
+    else:
+        plan = Bins.plan(lo, hi, bins, ext.ranks)
+        b = plan.index(StepRecord.step)
+        query = plan.where(
+            select(b, func.max(StepRecord.mem_bytes)).where(
+                StepRecord.job_id == job_id, StepRecord.mem_bytes.is_not(None)
+            ),
+            StepRecord.step,
+        )
+    rows = session.execute(query.group_by(b).order_by(b)).all()
     return {
         "step": [plan.start(i) for i, _ in rows],
         "max_bytes": [int(v) for _, v in rows],

@@ -118,3 +118,39 @@ def test_triggering_needs_admin_and_valid_input(client, job, session):
 
 def test_report_for_unknown_action_is_ignored_not_rejected(client, job):
     assert ping(client, 0, [report(99999, "succeeded")]) == []
+
+
+def ping_attempt(client, rank: int, attempt: int, events=()):  # type: ignore[no-untyped-def]
+    body = batch(list(events), rank=rank, world_size=2, attempt=attempt)
+    reply = client.post("/api/v1/ingest", json=body, headers=INGEST)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["actions"]
+
+
+def test_a_restart_is_not_rerun_by_the_group_it_started(client, job):
+    """Rank 0 ran the restart; rank 1 was torn down before it reported. The restarted
+    group (attempt 1) must not receive it again: it would restart itself forever."""
+    action = trigger(client, kind="restart").json()
+    assert action["attempt"] == 0
+    assert ping(client, 0) and ping(client, 1)  # both got it
+    ping(client, 0, [report(action["id"], "succeeded", exit_code=75)])
+    assert ping_attempt(client, 1, attempt=1) == []
+    assert ping_attempt(client, 0, attempt=1) == []
+    done = client.get(f"/api/v1/actions/{action['id']}", headers=ADMIN).json()
+    assert done["state"] == "succeeded"  # the restart happened: that is its outcome
+    assert done["result"]["superseded_by_attempt"] == 1
+
+
+def test_other_actions_expire_when_the_job_restarts_before_they_ran(client, job):
+    action = trigger(client).json()  # dump_stacks, for attempt 0
+    assert ping_attempt(client, 0, attempt=1) == []
+    done = client.get(f"/api/v1/actions/{action['id']}", headers=ADMIN).json()
+    assert done["state"] == "expired" and "restarted" in done["result"]["note"]
+
+
+def test_a_lagging_rank_of_an_earlier_attempt_does_not_get_a_new_action(client, job):
+    ping_attempt(client, 0, attempt=1)  # the job is at attempt 1 now
+    action = trigger(client).json()
+    assert action["attempt"] == 1
+    assert ping_attempt(client, 1, attempt=0) == []  # an old process still flushing
+    assert [a["id"] for a in ping_attempt(client, 1, attempt=1)] == [action["id"]]

@@ -1,0 +1,62 @@
+"""Charts over many steps read the rollups: the same numbers as from the raw rows where
+the bins line up, every step counted (no sampling), the straggler still stands out."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.jobs import service as jobs
+from backend.ui import data
+from tests.frontend.helpers import JOB, ingest_job
+
+
+@pytest.fixture
+def job_id(client, session):  # type: ignore[no-untyped-def]
+    ingest_job(client, ranks=4, steps=range(128), slow_rank=2, slow_from=64)
+    found = jobs.get_job_id(session=session, name=JOB)
+    assert found is not None
+    return found
+
+
+def both(monkeypatch, read):  # type: ignore[no-untyped-def]
+    """``read()`` from the raw rows, then from the rollups."""
+    raw = read()
+    monkeypatch.setattr(data, "RAW_BUDGET", 0)
+    return raw, read()
+
+
+@pytest.mark.parametrize("agg", ["avg", "max"])
+def test_heatmap_from_rollups_equals_raw(session, job_id, monkeypatch, agg):
+    raw, rolled = both(
+        monkeypatch,
+        lambda: data.heatmap(session=session, job_id=job_id, max_ranks=2, max_steps=8, agg=agg),
+    )
+    assert rolled["rollup"] == 16 and "rollup" not in raw
+    assert (rolled["x"], rolled["y"], rolled["step_bin"]) == (raw["x"], raw["y"], raw["step_bin"])
+    for r_row, raw_row in zip(rolled["z"], raw["z"], strict=True):
+        assert r_row == pytest.approx(raw_row)
+
+
+def test_series_and_memory_from_rollups_equal_raw(session, job_id, monkeypatch):
+    raw, rolled = both(
+        monkeypatch, lambda: data.series(session=session, job_id=job_id, max_steps=4)
+    )
+    assert (rolled["rollup"], rolled["step_bin"]) == (16, 32)
+    assert rolled["step"] == raw["step"] == [0, 32, 64, 96]
+    for key in ("step_time", "step_time_max", "loss"):
+        assert rolled[key] == pytest.approx(raw[key])
+    assert rolled["memory"]["step"] == raw["memory"]["step"]
+    assert rolled["memory"]["max_bytes"] == raw["memory"]["max_bytes"]
+
+
+def test_straggler_stands_out_in_rollups(session, job_id, monkeypatch):
+    monkeypatch.setattr(data, "RAW_BUDGET", 0)
+    out = data.heatmap(session=session, job_id=job_id, max_ranks=4, max_steps=12)
+    assert out["rollup"] == 16 and out["sampled_steps_per_bin"] is None
+    late = [row[-1] for row in out["z"]]
+    assert max(range(4), key=lambda r: late[r]) == 2
+    assert late[2] > 1.3 * sorted(late)[1]
+
+
+def test_steps_stored_from_rollups(session, job_id):
+    assert jobs.steps_stored(session=session, job_id=job_id) == 4 * 128
