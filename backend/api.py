@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -61,6 +62,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Everything imported and built so far lives as long as the process: move it out
+        # of the collector's way, so full collections (every few requests that allocate
+        # much) stop walking it — they cost ~100 ms each on a 2-core box before this.
+        gc.collect()
+        gc.freeze()
         if isinstance(detection, Ticker):
             detection.start()
         yield

@@ -10,6 +10,7 @@ from backend.jobs.models import Job, Rank
 from backend.recovery.models import AuditEntry, RecoveryPolicy
 from backend.telemetry.models import (
     CollectiveRecord,
+    CollectiveRollup,
     JobEvent,
     MetricPoint,
     OpSequence,
@@ -24,6 +25,7 @@ __all__ = [
     "AuditEntry",
     "Base",
     "CollectiveRecord",
+    "CollectiveRollup",
     "Incident",
     "IngestBatch",
     "Job",

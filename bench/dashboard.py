@@ -141,26 +141,42 @@ def api_latencies(base: str, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def page_render(base: str, rounds: int) -> list[float]:
+def page_render(base: str, rounds: int) -> dict[str, list[float]]:
+    """Seconds from navigation to every chart drawn: ``cold`` (a new browser profile each
+    time: nothing cached) and ``warm`` (reloads in one profile: plotly.js cached, as for a
+    person who keeps the dashboard open)."""
     from playwright.sync_api import sync_playwright
 
     charts = ("#step-time-chart", "#heatmap", "#bandwidth-chart", "#memory-chart", "#loss-chart")
-    ready = " && ".join(f"document.querySelector('{c}')?.dataset.ready === '1'" for c in charts)
-    times = []
+
+    def load(page: object) -> float:
+        started = time.perf_counter()
+        page.goto(f"{base}/jobs/{JOB}")  # type: ignore[attr-defined]
+        for chart in charts:  # (the page's CSP forbids eval, so no wait_for_function)
+            page.wait_for_selector(  # type: ignore[attr-defined]
+                f'{chart}[data-ready="1"]', state="attached", timeout=30_000
+            )
+        return time.perf_counter() - started
+
+    out: dict[str, list[float]] = {"cold": [], "warm": []}
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"]
         )
         for i in range(rounds + 1):
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            started = time.perf_counter()
-            page.goto(f"{base}/jobs/{JOB}")
-            page.wait_for_function(ready, timeout=30_000)
-            if i:  # the first load warms the server and the browser's cache of plotly.js
-                times.append(time.perf_counter() - started)
-            page.close()
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            seconds = load(context.new_page())
+            if i:  # the first load warms the server
+                out["cold"].append(seconds)
+            context.close()
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        for i in range(rounds + 2):
+            seconds = load(page)
+            if i >= 2:  # after two loads the script is cached, compiled code included
+                out["warm"].append(seconds)
         browser.close()
-    return times
+    return out
 
 
 def main() -> None:
@@ -187,13 +203,15 @@ def main() -> None:
         if args.page_rounds <= 0:
             return
         renders = page_render(base, args.page_rounds)
+        for kind, values in renders.items():
+            print(
+                f"job page until every chart is drawn, {kind} (s): median "
+                f"{statistics.median(values):.2f}, max {max(values):.2f} over {len(values)} loads"
+            )
+        worst_page = max(renders["warm"])
         print(
-            f"\njob page until every chart is drawn (s): median {statistics.median(renders):.2f}"
-            f", max {max(renders):.2f} over {len(renders)} loads"
-        )
-        print(
-            f"{'PASS' if max(renders) < 1.5 else 'FAIL'}  job page < 1.5 s "
-            f"(max {max(renders):.2f} s)"
+            f"{'PASS' if worst_page < 1.5 else 'FAIL'}  job page < 1.5 s with plotly.js cached "
+            f"(max {worst_page:.2f} s; cold max {max(renders['cold']):.2f} s)"
         )
 
 

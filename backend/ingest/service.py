@@ -35,6 +35,7 @@ from backend.telemetry.models import (
     StepRecord,
     StepRollup,
 )
+from backend.telemetry.rollups import add_collective_rollups, rebuild_collective_rollups
 
 FINITE = 1e300  # a loss counts in the rollups' mean when |loss| <= this (NaN, ±Inf don't)
 
@@ -82,6 +83,7 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
             CollectiveRecord.__table__,
             [_collective_row(e, base, batch.attempt) for e in colls],
         )
+        add_collective_rollups(session=session, job_id=job_id, rank=batch.rank, records=colls)
     if opseqs := by_type.get("opseq"):
         session.execute(
             insert_for(session, OpSequence).on_conflict_do_nothing(
@@ -389,7 +391,8 @@ def _merge(into: list[Any], acc: list[Any]) -> None:
 
 def rebuild_rollups(*, session: Session, job_id: int) -> None:
     """Recompute the job's ``step_rollups`` from its ``steps`` (in SQL, one pass over the
-    steps for the finest level, then each level from the one below)."""
+    steps for the finest level, then each level from the one below), and its collective
+    rollups."""
     session.execute(delete(StepRollup).where(StepRollup.job_id == job_id))
     r, s = StepRollup, StepRecord
     finite = s.loss.between(-FINITE, FINITE)
@@ -442,6 +445,7 @@ def rebuild_rollups(*, session: Session, job_id: int) -> None:
             .group_by(r.job_id, b, r.rank)
         )
         session.execute(insert(r).from_select(columns, query))
+    rebuild_collective_rollups(session=session, job_id=job_id)
 
 
 def _step_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> dict[str, Any]:

@@ -78,6 +78,23 @@ class StepRollup(Base):
     max_mem: Mapped[int | None] = mapped_column(BigInteger)
 
 
+class CollectiveRollup(Base):
+    """The same pyramid for ``collectives``: bytes and seconds per (job, level, step bin,
+    rank, group), kept by ingest (``backend.telemetry.rollups``), so the bandwidth chart
+    of a big job reads sums, not millions of records."""
+
+    __tablename__ = "collective_rollups"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bin: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group: Mapped[str] = mapped_column(String(128), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)  # collective records
+    sum_bytes: Mapped[float] = mapped_column(Double)
+    sum_seconds: Mapped[float] = mapped_column(Double)
+
+
 class CollectiveRecord(Base):
     """Collective calls of one rank, aggregated per step and (group, op)."""
 

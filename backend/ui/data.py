@@ -30,7 +30,13 @@ from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
-from backend.telemetry.models import ROLLUP_WIDTHS, CollectiveRecord, StepRecord, StepRollup
+from backend.telemetry.models import (
+    ROLLUP_WIDTHS,
+    CollectiveRecord,
+    CollectiveRollup,
+    StepRecord,
+    StepRollup,
+)
 
 ROW_BUDGET = 600_000  # rows one chart query may aggregate before it samples steps
 RAW_BUDGET = 50_000  # step rows a chart reads before it reads the job's rollups instead
@@ -357,6 +363,27 @@ def bandwidth(
     if ext is None:
         return {"groups": []}
     lo, hi = _range(ext, from_step, to_step)
+    groups: dict[str, dict[str, list[Any]]] = {}
+    # Big jobs read the collective rollups (about two groups per rank, hence 2 × ranks).
+    plan = Rollup.plan(session, job_id, lo, hi, max_steps, 2 * ext.ranks)
+    if plan is not None:
+        r = CollectiveRollup
+        idx = ((r.bin - plan.first) // plan.factor).label("bin")
+        rows = session.execute(
+            select(r.group, idx, func.sum(r.sum_bytes), func.sum(r.sum_seconds))
+            .where(r.job_id == job_id, r.level == plan.level)
+            .where(r.bin >= plan.first, r.bin <= plan.last, r.sum_seconds > 0)
+            .group_by(r.group, idx)
+            .order_by(r.group, idx)
+        )
+        for group, index, total, seconds in rows:
+            g = groups.setdefault(group, {"step": [], "bytes_per_s": []})
+            g["step"].append(plan.start(index))
+            g["bytes_per_s"].append(num(float(total or 0) / float(seconds), 1))
+        return {
+            "groups": [{"group": name, **values} for name, values in sorted(groups.items())],
+            **plan.describe(),
+        }
     bins = Bins.plan(lo, hi, max_steps, ext.ranks)
     c = CollectiveRecord
     b = bins.index(c.step)
@@ -364,7 +391,6 @@ def bandwidth(
         c.job_id == job_id, c.step.is_not(None), c.duration_s > 0
     )
     query = bins.where(query, c.step).group_by(c.group, b).order_by(c.group, b)
-    groups: dict[str, dict[str, list[Any]]] = {}
     for group, index, total, seconds in session.execute(query):
         g = groups.setdefault(group, {"step": [], "bytes_per_s": []})
         g["step"].append(bins.start(index))

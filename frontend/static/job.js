@@ -135,14 +135,20 @@
     });
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
-    page = V.pageData();
-    var series = V.fetchJSON(page.urls.series).then(drawSeries).catch(function (err) {
-      ["step-time-chart", "loss-chart", "memory-chart"].forEach(function (id) { V.failed(id, err); });
-    });
-    V.fetchJSON(page.urls.heatmap).then(drawHeatmap).catch(function (err) { V.failed("heatmap", err); });
-    V.fetchJSON(page.urls.bandwidth).then(drawBandwidth).catch(function (err) { V.failed("bandwidth-chart", err); });
-    V.fetchJSON(page.urls.overview).then(drawOverview).catch(function (err) { V.failed("goodput-chart", err); });
-    series.then(live);
+  // Runs before plotly.min.js is evaluated (the template loads this script first), so the
+  // data is on its way while the browser parses plotly; drawing waits for both.
+  var plotlyReady = new Promise(function (resolve) {
+    if (window.Plotly) { resolve(); } else { window.addEventListener("load", resolve); }
   });
+  function load(url) {
+    return Promise.all([V.fetchJSON(url), plotlyReady]).then(function (both) { return both[0]; });
+  }
+  page = V.pageData();
+  var series = load(page.urls.series).then(drawSeries).catch(function (err) {
+    ["step-time-chart", "loss-chart", "memory-chart"].forEach(function (id) { V.failed(id, err); });
+  });
+  load(page.urls.heatmap).then(drawHeatmap).catch(function (err) { V.failed("heatmap", err); });
+  load(page.urls.bandwidth).then(drawBandwidth).catch(function (err) { V.failed("bandwidth-chart", err); });
+  load(page.urls.overview).then(drawOverview).catch(function (err) { V.failed("goodput-chart", err); });
+  series.then(live);
 })();

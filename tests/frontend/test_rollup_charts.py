@@ -60,3 +60,37 @@ def test_straggler_stands_out_in_rollups(session, job_id, monkeypatch):
 
 def test_steps_stored_from_rollups(session, job_id):
     assert jobs.steps_stored(session=session, job_id=job_id) == 4 * 128
+
+
+def test_bandwidth_from_rollups_equals_raw(session, job_id, monkeypatch):
+    raw, rolled = both(
+        monkeypatch, lambda: data.bandwidth(session=session, job_id=job_id, max_steps=4)
+    )
+    assert rolled["rollup"] == 16 and rolled["step_bin"] == raw["step_bin"] == 32
+    assert [g["group"] for g in rolled["groups"]] == [g["group"] for g in raw["groups"]] == ["dp"]
+    [r], [w] = rolled["groups"], raw["groups"]
+    assert r["step"] == w["step"] and r["bytes_per_s"] == pytest.approx(w["bytes_per_s"])
+
+
+def test_collective_rollups_kept_by_ingest_equal_a_rebuild(session, job_id):
+    from sqlalchemy import select
+
+    from backend.telemetry.models import CollectiveRollup
+    from backend.telemetry.rollups import rebuild_collective_rollups
+
+    def table() -> list[tuple]:  # type: ignore[type-arg]
+        r = CollectiveRollup
+        rows = session.execute(
+            select(r.level, r.bin, r.rank, r.group, r.n, r.sum_bytes, r.sum_seconds)
+            .where(r.job_id == job_id)
+            .order_by(r.level, r.bin, r.rank, r.group)
+        )
+        return [tuple(row) for row in rows]
+
+    kept = table()
+    assert len(kept) == 4 * (8 + 2 + 1 + 1 + 1)  # ranks x bins of 16, 64, 256, 1024, 4096
+    rebuild_collective_rollups(session=session, job_id=job_id)
+    rebuilt = table()
+    assert [k[:5] for k in kept] == [k[:5] for k in rebuilt]
+    flat = [v for k in kept for v in k[5:]]
+    assert flat == pytest.approx([v for k in rebuilt for v in k[5:]])
