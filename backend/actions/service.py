@@ -33,6 +33,24 @@ DEFAULT_TTL_S = 600
 RESTARTING_KINDS = ("restart", "exit_for_restart", "rollback", "evict_rank")
 
 
+def set_state(
+    *, session: Session, action: Action, state: str, actor: str, now: Any, **detail: Any
+) -> None:
+    """Move ``action`` to ``state`` and write the audit row that says who and from what."""
+    before = action.state
+    action.state, action.updated_at = state, now
+    audit(
+        session=session,
+        job_id=action.job_id,
+        actor=actor,
+        event=state,
+        action_id=action.id,
+        incident_id=action.incident_id,
+        detail={"kind": action.kind, "from": before, **detail},
+        at=now,
+    )
+
+
 def job_attempt(*, session: Session, job_id: int) -> int:
     """The job's current restart attempt (the highest any rank reported)."""
     return session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
@@ -130,17 +148,7 @@ def dispatch_for_rank(
     locked = select(Action).where(Action.id.in_(candidates)).order_by(Action.id).with_for_update()
     for action in session.scalars(locked):
         if action.expires_at is not None and action.expires_at < now and action.state == "pending":
-            action.state, action.updated_at = "expired", now
-            audit(
-                session=session,
-                job_id=job_id,
-                actor="system",
-                event="expired",
-                action_id=action.id,
-                incident_id=action.incident_id,
-                detail={"kind": action.kind, "from": "pending"},
-                at=now,
-            )
+            set_state(session=session, action=action, state="expired", actor="system", now=now)
             continue
         if attempt > action.attempt:
             _supersede(session, action, attempt, now)
@@ -172,24 +180,13 @@ def _supersede(session: Session, action: Action, attempt: int, now: Any) -> None
     action. A restarting kind that a rank ran did its job: the restart is its outcome.
     Anything else can no longer reach the processes it was meant for: expired."""
     ran = any(d.get("state") == "succeeded" for d in action.deliveries.values())
-    before = action.state
-    action.state = "succeeded" if ran and action.kind in RESTARTING_KINDS else "expired"
     action.result = {
         **(action.result or {}),
         "superseded_by_attempt": attempt,
         "note": f"the job restarted (attempt {attempt}) before every rank reported",
     }
-    action.updated_at = now
-    audit(
-        session=session,
-        job_id=action.job_id,
-        actor="system",
-        event=action.state,
-        action_id=action.id,
-        incident_id=action.incident_id,
-        detail={"kind": action.kind, "from": before, "attempt": attempt},
-        at=now,
-    )
+    state = "succeeded" if ran and action.kind in RESTARTING_KINDS else "expired"
+    set_state(session=session, action=action, state=state, actor="system", now=now, attempt=attempt)
 
 
 def record_report(

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
-from backend.actions.service import DEFAULT_TTL_S, create_action, job_attempt
+from backend.actions.service import DEFAULT_TTL_S, create_action, job_attempt, set_state
 from backend.db import utcnow
 from backend.incidents.models import Incident
 from backend.jobs.models import Job
@@ -319,18 +319,7 @@ def cancel(
     action = _load(session, action_id, job_id)
     if action.state not in CANCELLABLE:
         raise Conflict(f"action {action_id} is {action.state} already: it cannot be cancelled")
-    before = action.state
-    action.state, action.updated_at = "cancelled", now
-    audit(
-        session=session,
-        job_id=action.job_id,
-        actor=actor,
-        event="cancelled",
-        action_id=action.id,
-        incident_id=action.incident_id,
-        detail={"kind": action.kind, "from": before, "note": note},
-        at=now,
-    )
+    set_state(session=session, action=action, state="cancelled", actor=actor, now=now, note=note)
     session.flush()
     return action
 
@@ -349,17 +338,6 @@ def expire_actions(*, session: Session, now: datetime | None = None) -> list[Act
     )
     expired = list(session.scalars(query))
     for action in expired:
-        before = action.state
-        action.state, action.updated_at = "expired", now
-        audit(
-            session=session,
-            job_id=action.job_id,
-            actor=SYSTEM_ACTOR,
-            event="expired",
-            action_id=action.id,
-            incident_id=action.incident_id,
-            detail={"kind": action.kind, "from": before},
-            at=now,
-        )
+        set_state(session=session, action=action, state="expired", actor=SYSTEM_ACTOR, now=now)
     session.flush()
     return expired
