@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,9 +22,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from backend import __version__
 from backend.actions.views import router as actions_router
 from backend.alerts.views import router as alerts_router
+from backend.audit.views import router as audit_router
 from backend.auth.service import TokenVerifier
+from backend.auth.views import router as tokens_router
 from backend.celery_app import configure
 from backend.db import make_engine, make_sessionmaker
+from backend.detection.schedule import EmbeddedScheduler, make_scheduler
+from backend.errors import install_error_handlers
 from backend.goodput.views import router as goodput_router
 from backend.incidents.views import router as incidents_router
 from backend.ingest.schemas import IngestBatch
@@ -35,6 +38,7 @@ from backend.jobs.views import router as jobs_router
 from backend.metrics import REGISTRY
 from backend.recovery.views import router as recovery_router
 from backend.settings import Settings, get_settings
+from backend.telemetry.views import router as telemetry_router
 from backend.ticker import Ticker
 from backend.ui.views import router as ui_router
 from frontend import STATIC_DIR
@@ -54,11 +58,10 @@ def create_app(
     factory = session_factory or make_sessionmaker(engine)
 
     rt = configure(settings, factory)
-    # What ingest calls when a job has new data: the in-process ticker (embedded), or a
-    # debounced Celery task (distributed); None when detection is switched off.
-    detection: Ticker | RedisDebounce | None = None
-    if settings.detect_interval_s > 0:
-        detection = Ticker(rt) if settings.embedded else RedisDebounce()
+    # What ingest tells when a job has new data (None: detection is off); embedded mode
+    # also runs the periodic work in-process, on a ticker that drains the scheduler.
+    scheduler = make_scheduler(settings)
+    ticker = Ticker(rt, scheduler) if isinstance(scheduler, EmbeddedScheduler) else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -67,11 +70,11 @@ def create_app(
         # much) stop walking it — they cost ~100 ms each on a 2-core box before this.
         gc.collect()
         gc.freeze()
-        if isinstance(detection, Ticker):
-            detection.start()
+        if ticker is not None:
+            ticker.start()
         yield
-        if isinstance(detection, Ticker):
-            detection.stop()
+        if ticker is not None:
+            ticker.stop()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -84,7 +87,9 @@ def create_app(
     app.state.sessionmaker = factory
     app.state.verifier = TokenVerifier(factory, settings.bootstrap_tokens(), settings.token_cache_s)
     app.state.ingest_gate = IngestGate(settings.max_inflight_ingest)
-    app.state.detection = detection
+    install_error_handlers(app)
+    app.state.detection_scheduler = scheduler
+    app.state.ticker = ticker
 
     app.include_router(ingest_router)
     app.include_router(jobs_router)
@@ -93,6 +98,9 @@ def create_app(
     app.include_router(alerts_router)
     app.include_router(goodput_router)
     app.include_router(recovery_router)
+    app.include_router(audit_router)
+    app.include_router(tokens_router)
+    app.include_router(telemetry_router)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
 
@@ -139,23 +147,3 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
-
-
-class RedisDebounce:
-    """Distributed mode: queue one detection task per job and interval (see
-    :func:`backend.detection.tasks.schedule_detection`). Redis trouble is logged, never
-    raised: the batch is stored, and the next batch schedules the run."""
-
-    def __init__(self) -> None:
-        self._warned = 0.0
-
-    def mark(self, job_id: int) -> None:
-        from backend.detection.tasks import schedule_detection
-
-        try:
-            schedule_detection(job_id)
-        except Exception:
-            now = time.monotonic()
-            if now - self._warned > 60:  # once a minute, not once a batch
-                self._warned = now
-                log.exception("could not schedule detection for job %s", job_id)

@@ -34,3 +34,9 @@ TASK_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
+DETECTOR_FAILURES = Counter(
+    "vigil_detector_failures_total",
+    "Detector runs that raised (the other detectors of the run still applied).",
+    ["detector"],
+    registry=REGISTRY,
+)

@@ -2,12 +2,13 @@
 
 from backend.actions.models import Action
 from backend.alerts.models import WebhookDelivery, WebhookReceiver
+from backend.audit.models import AuditEntry
 from backend.auth.models import ApiToken
 from backend.db import Base
 from backend.incidents.models import Incident
 from backend.ingest.models import IngestBatch
 from backend.jobs.models import Job, Rank
-from backend.recovery.models import AuditEntry, RecoveryPolicy
+from backend.recovery.models import RecoveryPolicy
 from backend.telemetry.models import (
     CollectiveRecord,
     CollectiveRollup,

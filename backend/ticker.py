@@ -1,6 +1,7 @@
 """Embedded mode's stand-in for Celery beat and workers: two daemon threads in the server.
 
-- ``vigil-ticker`` runs detection for jobs with new data at most every
+- ``vigil-ticker`` runs detection for the jobs ingest marked in the
+  :class:`~backend.detection.schedule.EmbeddedScheduler`, at most every
   ``VIGIL_DETECT_INTERVAL_S`` (debounce: a burst of batches costs one run), the hang and
   crash sweep every ``VIGIL_SWEEP_INTERVAL_S``, and the other periodic tasks on the
   schedule beat would use (:func:`backend.celery_app.beat_schedule`).
@@ -20,25 +21,20 @@ import time
 from collections.abc import Callable
 
 from backend.celery_app import Runtime, beat_schedule
+from backend.detection.schedule import EmbeddedScheduler
 
 log = logging.getLogger(__name__)
 
 
 class Ticker:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, scheduler: EmbeddedScheduler) -> None:
         self.rt = rt
+        self.scheduler = scheduler
         self.interval_s = rt.settings.detect_interval_s
-        self._dirty: set[int] = set()
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake_sender = threading.Event()
         self._threads: list[threading.Thread] = []
         rt.wake_sender = self._wake_sender.set
-
-    def mark(self, job_id: int) -> None:
-        """A job has new data: detect on the next tick."""
-        with self._lock:
-            self._dirty.add(job_id)
 
     def start(self) -> None:
         if self._threads:
@@ -58,9 +54,7 @@ class Ticker:
         """Detect for every job marked since the last call (the debounced batch)."""
         from backend.detection.tasks import run_detection
 
-        with self._lock:
-            dirty, self._dirty = self._dirty, set()
-        for job_id in sorted(dirty):
+        for job_id in self.scheduler.drain():
             _guarded(
                 f"detection for job {job_id}", functools.partial(run_detection, self.rt, job_id)
             )

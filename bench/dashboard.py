@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backend.db import make_engine, make_sessionmaker, session_scope  # noqa: E402
-from backend.ingest.service import rebuild_rollups  # noqa: E402
 from backend.migrate import upgrade  # noqa: E402
+from backend.telemetry.rollups import rebuild_rollups  # noqa: E402
 from tests.servers import live_server  # noqa: E402
 
 JOB = "bench-1024x10000"

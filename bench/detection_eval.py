@@ -86,7 +86,7 @@ from bench.simulate import (
     recent_step_durations,
     simulate,
 )
-from detectors import comm, hang, memory, numerics, slowdown, straggler
+from detectors import comm, hang, memory, numerics, registry, slowdown, straggler
 from detectors.finding import Finding
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,10 +110,9 @@ DETECTOR_OF_KIND = {
     "hang": "hang",
     "crash": "hang",
 }
-WINDOW_KINDS = frozenset({"straggler", "nan", "loss_spike", "slowdown", "comm_anomaly"}) | {
-    "memory_pressure"
-}
-SWEEP_KINDS = frozenset({"hang", "crash"})
+# What a detection run and a sweep cover, as the backend derives it from the registry.
+WINDOW_KINDS = registry.kinds_needing({"steps", "collectives"})
+SWEEP_KINDS = registry.kinds_needing({"liveness"})
 
 # Scenario name -> (fault kind, label). Scenarios are what recall is reported on.
 SCENARIOS: dict[str, str] = {
@@ -258,8 +257,9 @@ class IncidentTracker:
 
 
 def window_findings(run: Run, lo: int, hi: int) -> list[Finding]:
-    """Every window detector on step indices ``lo:hi`` of ``run``, as the backend calls them
-    (``backend/detection/runner.py``; the memory detector is not wired there yet)."""
+    """Every window detector on step indices ``lo:hi`` of ``run``, as their registrations
+    call them (``detectors.registry``); the simulator hands the comm detector its families
+    and the memory detector the devices' capacity directly."""
     sl = slice(lo, hi)
     steps = run.steps[sl]
     out: list[Finding] = []
@@ -752,7 +752,8 @@ def eval_pai() -> dict[str, Any]:
 
 
 def eval_flight_recorder() -> dict[str, Any]:
-    from detectors.flight_recorder import analyze, load_dumps
+    from backend.importers.flight_recorder import load_dumps
+    from detectors.flight_recorder import analyze
 
     start = time.perf_counter()
     dumps = load_dumps(FR_DIR)

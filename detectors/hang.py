@@ -47,65 +47,30 @@ Hangs before the first finished step are not judged (there is no step time to le
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 
 from detectors.finding import Finding
+from detectors.registry import register
+from detectors.waits import attribute, terminal_components
+from detectors.window import Inflight, RankState, Window
+
+__all__ = [
+    "HangConfig",
+    "Inflight",
+    "RankState",
+    "StepTimeout",
+    "detect",
+    "learn_timeout",
+    "terminal_components",
+]
 
 N = TypeVar("N", bound=Hashable)
 _MAX_EVIDENCE = 100  # longest list kept in a finding's evidence
-
-
-@dataclass(frozen=True)
-class Inflight:
-    """The operation a rank is blocked in: the oldest it has not finished.
-
-    ``since`` is when the rank entered it (wall-clock seconds). ``peer`` is the global rank on
-    the other side of a point-to-point op (send/recv); ``None`` for a collective.
-    """
-
-    group: str
-    op: str
-    seq: int
-    since: float
-    peer: int | None = None
-
-
-@dataclass(frozen=True)
-class RankState:
-    """The latest the backend knows of one rank.
-
-    ``last_step`` is the last step the rank finished, at ``last_step_ts``; ``current_step`` the
-    step its latest heartbeat says it is in (``None``: ``last_step + 1``).
-    ``last_heartbeat_ts`` is the latest time anything arrived from the rank.
-    """
-
-    rank: int
-    last_step: int | None
-    current_step: int | None
-    last_step_ts: float | None
-    last_heartbeat_ts: float
-    inflight: Inflight | None = None
-
-    @property
-    def step_in_progress(self) -> int | None:
-        if self.current_step is not None:
-            return self.current_step
-        return None if self.last_step is None else self.last_step + 1
-
-    @property
-    def last_seen_ts(self) -> float:
-        """A finished step is a sign of life too."""
-        if self.last_step_ts is None:
-            return self.last_heartbeat_ts
-        return max(self.last_heartbeat_ts, self.last_step_ts)
 
 
 @dataclass(frozen=True)
@@ -177,201 +142,6 @@ def learn_timeout(step_durations: ArrayLike, config: HangConfig | None = None) -
         return StepTimeout(scaled, "learned", slowest, int(d.size), f"{basis} = {scaled:.3g} s")
     how = f"floor {cfg.floor_s:g} s ({basis} is {scaled:.3g} s)"
     return StepTimeout(cfg.floor_s, "floor", slowest, int(d.size), how)
-
-
-def terminal_components(edges: Mapping[N, Iterable[N]]) -> list[frozenset[N]]:
-    """Strongly connected components of a wait-for graph that no edge leaves.
-
-    ``edges[a]`` holds what ``a`` waits for. A node that waits for nothing but is waited for is
-    a component of its own; a set of nodes that only wait for each other (a deadlock) is one
-    component. Nodes that appear nowhere in ``edges`` are not part of the graph.
-
-    >>> sorted(map(sorted, terminal_components({1: [2], 2: [3], 4: [3]})))
-    [[3]]
-    """
-    nodes: dict[N, int] = {}
-    sources: list[int] = []
-    targets: list[int] = []
-    for node, waits_for in edges.items():
-        a = nodes.setdefault(node, len(nodes))
-        for t in waits_for:
-            sources.append(a)
-            targets.append(nodes.setdefault(t, len(nodes)))
-    if not nodes:
-        return []
-    # Strong components in C (scipy), not a Python Tarjan walk: a hung 16k-rank job's graph
-    # has tens of thousands of nodes and the sweep must stay well inside its budget.
-    src = np.asarray(sources, dtype=np.int64)
-    dst = np.asarray(targets, dtype=np.int64)
-    n = len(nodes)
-    matrix = csr_matrix((np.ones(src.size, dtype=np.int8), (src, dst)), shape=(n, n))
-    n_comps, labels = connected_components(matrix, directed=True, connection="strong")
-    leaving = np.zeros(n_comps, dtype=bool)  # components with an edge to another component
-    crossing = labels[src] != labels[dst]
-    leaving[labels[src[crossing]]] = True
-    by_label: dict[int, list[N]] = {}
-    for node, i in nodes.items():
-        label = int(labels[i])
-        if not leaving[label]:
-            by_label.setdefault(label, []).append(node)
-    return [frozenset(members) for members in by_label.values()]
-
-
-# ---------------------------------------------------------------------------------------------
-# Who the job waits for
-
-
-@dataclass(frozen=True)
-class _Attribution:
-    culprits: tuple[int, ...]
-    reasons: dict[str, str]
-    primary: dict[str, Any] | None  # the collective most ranks wait in
-    evidence: dict[str, Any]
-
-
-def _attribute(
-    states: Sequence[RankState],
-    dead: Collection[int],
-    groups: Mapping[str, Collection[int]] | None,
-    now: float,
-) -> _Attribution:
-    by_rank = {s.rank: s for s in states}
-    alive = [s for s in states if s.rank not in dead]
-    inflight = {s.rank: s.inflight for s in alive if s.inflight is not None}
-    coll: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for r, f in inflight.items():
-        if f.peer is None:
-            coll[(f.group, f.seq)].add(r)
-    max_seq: dict[str, int] = {}
-    for g, q in coll:
-        max_seq[g] = max(q, max_seq.get(g, q))
-    # A rank in an earlier seq of a group whose other ranks have moved on waits for nobody:
-    # no one will join it.
-    behind = {r for r, f in inflight.items() if f.peer is None and f.seq < max_seq[f.group]}
-
-    # Nodes: ("r", rank), ("c", group, seq), and HUB. Waiters point at their collective, the
-    # collective at the members that are not in it. Without membership a collective waits for
-    # every rank not in it, through HUB, which keeps the graph linear in the number of ranks.
-    hub: tuple[Any, ...] = ("hub",)
-    edges: dict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
-    for (g, q), waiters in coll.items():
-        if q != max_seq[g]:
-            continue
-        node = ("c", g, q)
-        if groups is not None and g in groups:
-            targets = {("r", m) for m in set(groups[g]) - waiters}
-        else:
-            targets = {hub}  # membership unknown: every rank outside it
-        if targets:  # a collective all members entered waits for nobody
-            edges[node] = targets
-            for w in waiters:
-                edges[("r", w)].add(node)
-    p2p: list[list[int]] = []
-    for r, f in inflight.items():
-        if f.peer is None:
-            continue
-        pf = inflight.get(f.peer)
-        if pf is not None and pf.peer == r:
-            continue  # both sides posted; the pair is not waiting for each other
-        edges[("r", r)].add(("r", f.peer))
-        p2p.append([r, f.peer])
-    if hub in {t for ts in edges.values() for t in ts}:
-        edges[hub].update(("c", g, q) for g, q in coll if q == max_seq[g])
-        edges[hub].update(("r", s.rank) for s in states if s.rank not in inflight)
-        edges[hub].update(("r", r) for r, f in inflight.items() if f.peer is not None)
-        edges[hub].update(("r", r) for r in behind)
-    # A rank still in an earlier seq that others have passed waits for the members that are
-    # in no collective at all (e.g. a gloo broadcast root waiting for a receiver that never
-    # came, while other receivers finished). With no such member it waits for nobody.
-    everyone = {s.rank for s in states}
-    for b in behind:
-        g = inflight[b].group
-        members = set(groups[g]) if groups is not None and g in groups else everyone
-        idle = {m for m in members - {b} if m not in inflight}
-        if idle:
-            edges[("r", b)] = {("r", m) for m in idle}
-        else:
-            edges.pop(("r", b), None)
-
-    culprit_set: set[int] = set()
-    cycles: set[int] = set()
-    for comp in terminal_components(edges):
-        ranks = {n[1] for n in comp if n[0] == "r"}
-        ranks |= {r for n in comp if n[0] == "c" for r in coll[(n[1], n[2])]}
-        for r in list(ranks):  # stuck in a collective all members entered: all of them
-            at = inflight.get(r)
-            if at is not None and at.peer is None and r not in behind:
-                ranks |= coll[(at.group, at.seq)]
-        if len(comp) > 1:
-            cycles |= ranks
-        culprit_set |= ranks
-
-    alive_ranks = {s.rank for s in alive}
-    note = None
-    lagging: set[int] = set()
-    if len(alive_ranks) > 1 and alive_ranks <= culprit_set:
-        steps = {r: by_rank[r].step_in_progress for r in alive_ranks}
-        top = max((v for v in steps.values() if v is not None), default=None)
-        lagging = {r for r, v in steps.items() if top is not None and v is not None and v < top}
-        culprit_set = lagging | (culprit_set - alive_ranks)
-    if not coll and not p2p and alive:
-        note = "no rank is in a collective: the job stalled outside communication"
-        culprit_set = set()
-    elif not culprit_set:
-        note = (
-            "every rank that waits is in a collective all its members entered: "
-            "suspect the network or a GPU rather than a rank"
-        )
-
-    def entered(waiters: set[int]) -> float:
-        return min(inflight[r].since for r in waiters)
-
-    def why(r: int) -> str:
-        st = by_rank.get(r)
-        f = inflight.get(r)
-        if st is None:
-            return "sent no state at all"
-        if r in dead:
-            return "crashed (heartbeats stopped)"
-        if r in lagging:
-            return f"behind in step ({st.step_in_progress})"
-        if f is None:
-            return "in no collective (computing, loading data or stuck in Python)"
-        if r in behind:
-            return (
-                f"in {f.group} {f.op} seq {f.seq}, which the other ranks of {f.group} have "
-                f"passed (they wait in seq {max_seq[f.group]})"
-            )
-        if r in cycles:
-            return f"in {f.group} {f.op} seq {f.seq}, waiting in a cycle (mismatched order)"
-        return f"in {f.group} {f.op} seq {f.seq}, which all its members entered"
-
-    # Most waiters first; ties go to the collective entered first, then to the name.
-    order = sorted(coll, key=lambda k: (-len(coll[k]), entered(coll[k]), k))
-    collectives = [
-        {
-            "group": g,
-            "op": inflight[min(coll[(g, q)])].op,
-            "seq": q,
-            "ranks": sorted(coll[(g, q)]),
-            "waiting_s": now - entered(coll[(g, q)]),
-        }
-        for g, q in order
-    ]
-    evidence: dict[str, Any] = {
-        "collectives": collectives[:_MAX_EVIDENCE],
-        "p2p_waits": sorted(p2p)[:_MAX_EVIDENCE],
-        "idle_ranks": sorted(s.rank for s in alive if s.inflight is None)[:_MAX_EVIDENCE],
-    }
-    if note:
-        evidence["note"] = note
-    culprits = tuple(sorted(culprit_set))
-    return _Attribution(
-        culprits=culprits,
-        reasons={str(r): why(r) for r in culprits[:_MAX_EVIDENCE]},
-        primary=collectives[0] if collectives else None,
-        evidence=evidence,
-    )
 
 
 def _ranks_text(ranks: Sequence[int], limit: int = 10) -> str:
@@ -458,7 +228,7 @@ def detect(
         if alive and stalled_s is not None:
             survivors: dict[str, Any] = {"stalled_s": stalled_s, "hung": hung, **timeout_ev}
             if hung:
-                att = _attribute(states, dead, groups, now)
+                att = attribute(states, dead, groups, now)
                 survivors["waiting_for"] = list(att.culprits)
                 survivors["reasons"] = att.reasons
                 survivors.update(att.evidence)
@@ -487,7 +257,7 @@ def detect(
     if not hung or stalled_s is None:
         return []
 
-    att = _attribute(states, (), groups, now)
+    att = attribute(states, (), groups, now)
     ev = {"stalled_s": stalled_s, **timeout_ev, "culprit_reasons": att.reasons}
     where = ""
     if att.primary is not None:
@@ -520,3 +290,19 @@ def detect(
             evidence=ev,
         )
     ]
+
+
+@register("hang", kinds={"hang", "crash"}, needs={"liveness"})
+def _detect_window(window: Window) -> list[Finding]:
+    live = window.liveness
+    assert live is not None
+    return detect(
+        live.states,
+        now=live.now,
+        step_durations=live.step_durations,
+        groups=live.groups or None,
+        # Ranks that exit cleanly say so (they are not in ``states``); all going silent
+        # together without a word is a crash (a launcher tearing the group down after one
+        # rank died), not an end.
+        finished=False,
+    )

@@ -42,6 +42,8 @@ import numpy.typing as npt
 from numpy.typing import NDArray
 
 from detectors.finding import Finding
+from detectors.registry import register
+from detectors.window import Window
 
 __all__ = ["MemoryConfig", "detect_memory"]
 
@@ -305,3 +307,13 @@ def _finding(
 
 def _round(value: float) -> float:
     return float(f"{value:.4g}")
+
+
+@register("memory", kinds={"memory_pressure"}, needs={"steps"})
+def _detect_window(window: Window) -> list[Finding]:
+    """Finds nothing until ranks report their device capacity (``mem_capacity``)."""
+    w = window.steps
+    assert w is not None
+    if w.mem_capacity is None:
+        return []
+    return detect_memory(w.mem_bytes, w.mem_capacity, steps=w.steps)

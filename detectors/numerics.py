@@ -41,6 +41,8 @@ from numpy.typing import NDArray
 from detectors import arrays
 from detectors.arrays import as_2d_float
 from detectors.finding import Finding
+from detectors.registry import register
+from detectors.window import Window
 
 __all__ = ["NumericsConfig", "detect_numerics"]
 
@@ -336,3 +338,12 @@ def _fmt_ranks(ranks: NDArray[np.intp], limit: int = 6) -> str:
     if ranks.size <= limit:
         return f"ranks {shown}"
     return f"{ranks.size} ranks ({shown}, …)"
+
+
+@register("numerics", kinds={"nan", "loss_spike"}, needs={"steps"})
+def _detect_window(window: Window) -> list[Finding]:
+    w = window.steps
+    assert w is not None
+    # Unsent grad norms must not read as NaN: only non-finite *reported* ones count.
+    grad = np.where(w.grad_reported, w.grad_norm, 0.0)
+    return detect_numerics(w.loss, grad, steps=w.steps, reported=w.loss_reported)

@@ -4,10 +4,13 @@
 
 Inputs are ``(R, S)`` arrays of seconds per rank and step (or ``(S,)`` job-level series):
 ``step_s`` the whole step, ``comm_s`` the time in collectives, ``data_s`` the time waiting for
-the data loader; compute is ``step_s - comm_s - data_s``. Pass zeros for a component the
-collector does not measure (compute then absorbs it). Each series is reduced to the job's value
-per step by the cross-rank median (of at most ``max_sample_ranks`` evenly spaced ranks: in
-synchronous training every rank shares the step time, so a sample is as good as all of them).
+the data loader. The compute component is ``compute_time(step_s, comm_s) - data_s``: the
+compute time of :mod:`detectors.timing` (which includes input waits) less the input waits, so
+a data-loader stall is told apart from slower math. Pass zeros for a component the collector
+does not measure (compute then absorbs it); a NaN ``comm_s`` counts as 0, as in
+``compute_time``. Each series is reduced to the job's value per step by the cross-rank
+median (of at most ``max_sample_ranks`` evenly spaced ranks: in synchronous training every
+rank shares the step time, so a sample is as good as all of them).
 
 Method: one-sided CUSUM (Page, 1954) on ``log(step time)`` against a baseline, the median of
 the first ``baseline_steps`` valid steps. A shift of ``min_shift`` (15%) is ``d = log(1.15)``
@@ -39,6 +42,9 @@ from numpy.typing import NDArray
 from detectors import arrays
 from detectors.arrays import as_2d_float, sample_rows
 from detectors.finding import Finding
+from detectors.registry import register
+from detectors.timing import compute_time
+from detectors.window import Window
 
 __all__ = ["COMPONENTS", "SlowdownConfig", "detect_slowdown"]
 
@@ -94,7 +100,7 @@ def detect_slowdown(
     step_x, comm_x, data_x = (np.array(a[rows], dtype=np.float64) for a in (step_a, comm_a, data_a))
     series = {
         "step": _median_rows(step_x),
-        "compute": _median_rows(step_x - comm_x - data_x),
+        "compute": _median_rows(compute_time(step_x, comm_x) - data_x),
         "comm": _median_rows(comm_x),
         "data": _median_rows(data_x),
     }
@@ -230,3 +236,12 @@ def _median_rows(x: NDArray[np.float64]) -> NDArray[np.float64]:
 
 def _round(value: float) -> float:
     return float(f"{value:.4g}")
+
+
+@register("slowdown", kinds={"slowdown"}, needs={"steps"})
+def _detect_window(window: Window) -> list[Finding]:
+    w = window.steps
+    assert w is not None
+    return detect_slowdown(
+        w.step_time, np.nan_to_num(w.comm_time), np.nan_to_num(w.data_time), steps=w.steps
+    )

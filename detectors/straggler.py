@@ -13,8 +13,11 @@
 Method (after NVRx, C4 and Falcon). In synchronous data-parallel training every rank has the
 same step time, because each step ends in a collective that waits for the slowest rank; the
 straggler is the rank that *waits least* in collectives. So the signal is the compute time
-``step_time - comm_time``. Without ``comm_time`` (e.g. asynchronous or parameter-server jobs,
-whose per-worker mini-batch times already differ) the step time is used as is.
+``step_time - comm_time`` (:func:`detectors.timing.compute_time`). Without ``comm_time``
+(e.g. asynchronous or parameter-server jobs, whose per-worker mini-batch times already
+differ) the step time is used as is. Where ``comm_time`` is given but a cell of it is NaN,
+that rank's step is not compared: its compute time would be its whole step time, collective
+wait included, and would look slow next to the ranks whose wait is known.
 
 1. Per step, each rank's ratio to the cross-rank median compute time (NaN-tolerant).
 2. Per rank, its *normal* ratio: the median over the first ``baseline_steps`` steps of the
@@ -47,7 +50,10 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.finding import Finding, Severity
+from detectors.registry import register
 from detectors.robust import mad_scale_rows, nanmedian_rows, nanmedian_rows_counts
+from detectors.timing import compute_time
+from detectors.window import Window
 
 FloatArray = npt.NDArray[np.float64]
 F32Array = npt.NDArray[np.float32]
@@ -236,7 +242,9 @@ def _compute_by_step(times: FloatArray, comm: FloatArray | None) -> F32Array:
         if comm is None:
             out[:, lo:hi] = times[lo:hi].T
         else:
-            np.subtract(times[lo:hi].T, comm[lo:hi].T, out=out[:, lo:hi])
+            wait = comm[lo:hi].T
+            out[:, lo:hi] = compute_time(times[lo:hi].T, wait)
+            out[:, lo:hi][np.isnan(wait)] = np.nan  # wait unknown: not compared
     return out
 
 
@@ -324,7 +332,7 @@ def _episode_finding(
 
     span = slice(onset, last + 1)
     seen = valid[span]
-    rank_compute = times[col, span] if comm is None else times[col, span] - comm[col, span]
+    rank_compute = compute_time(times[col, span], None if comm is None else comm[col, span])
     corrected = adj[span][seen].astype(np.float64)
     raw = corrected * base
     z = (corrected - 1.0) / scale[span][seen]
@@ -386,3 +394,12 @@ def _median(values: FloatArray) -> float:
 def _sig(value: float) -> float:
     """Four significant digits: readable evidence whatever the unit."""
     return float(f"{value:.4g}")
+
+
+@register("straggler", kinds={"straggler"}, needs={"steps"})
+def _detect_window(window: Window) -> list[Finding]:
+    w = window.steps
+    assert w is not None
+    return detect_stragglers(
+        w.steps, w.step_time, comm_time=w.comm_time if w.has_comm else None, ranks=w.ranks
+    )

@@ -4,6 +4,7 @@ proposed → (approved) pending → dispatched → acked → succeeded | failed 
 
 ``proposed`` is an action the recovery policy chose for a job whose policy says
 ``approve``: nothing reaches a rank until a person approves it (it becomes ``pending``).
+The allowed moves, and the one function that makes them: ``backend.actions.states``.
 """
 
 from __future__ import annotations

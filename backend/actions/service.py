@@ -6,49 +6,61 @@ state follows: pending → dispatched (first rank got it) → acked (a rank star
 succeeded (every targeted rank succeeded) | failed (any rank failed) | expired.
 
 The recovery policy may create an action as ``proposed`` instead: it is never handed to a
-rank until someone approves it (``backend.recovery.service.approve``). Creating an action
-and every state change a rank reports are written to the audit log.
+rank until someone approves it (``backend.recovery.service.approve``, which checks the
+guards). Every state change goes through :func:`backend.actions.states.transition`, which
+checks it against the table and writes the audit row; creating an action is audited too.
 
     action, created = create_action(session=session, job_id=7, kind="dump_stacks",
                                     requested_by="api:oncall", reason="stacks please")
+    cancel(session=session, action_id=action.id, actor="api:oncall")  # any open state
+    expire_actions(session=session)                                     # periodic sweep
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
+from backend.actions.states import (
+    INITIAL_STATES,
+    OPEN_STATES,
+    IllegalTransition,
+    states_that_can_become,
+    transition,
+)
+from backend.audit.service import audit
 from backend.db import utcnow
+from backend.errors import Invalid, NotFound
 from backend.jobs.models import Job
-from backend.recovery.audit import audit
 
-OPEN_STATES = ("pending", "dispatched", "acked")
+__all__ = [
+    "CANCELLABLE",
+    "DEFAULT_TTL_S",
+    "EXPIRABLE",
+    "OPEN_STATES",
+    "cancel",
+    "create_action",
+    "dispatch_for_rank",
+    "expire_actions",
+    "get_action",
+    "job_attempt",
+    "list_actions",
+    "lock_action",
+    "record_report",
+]
+
 DEFAULT_TTL_S = 600
+SYSTEM_ACTOR = "system"
 # Kinds whose success ends the process: the next attempt is their outcome.
 RESTARTING_KINDS = ("restart", "exit_for_restart", "rollback", "evict_rank")
-
-
-def set_state(
-    *, session: Session, action: Action, state: str, actor: str, now: Any, **detail: Any
-) -> None:
-    """Move ``action`` to ``state`` and write the audit row that says who and from what."""
-    before = action.state
-    action.state, action.updated_at = state, now
-    audit(
-        session=session,
-        job_id=action.job_id,
-        actor=actor,
-        event=state,
-        action_id=action.id,
-        incident_id=action.incident_id,
-        detail={"kind": action.kind, "from": before, **detail},
-        at=now,
-    )
+CANCELLABLE = states_that_can_become("cancelled")  # proposed, pending, dispatched, acked
+# What the periodic sweep expires: a proposal nobody approved, an action no rank picked up.
+EXPIRABLE = ("proposed", "pending")
 
 
 def job_attempt(*, session: Session, job_id: int) -> int:
@@ -75,8 +87,8 @@ def create_action(
     Returns ``(action, created)``. ``state`` is ``pending`` (ranks get it) or ``proposed``
     (waits for approval; ``ttl_s`` then bounds the wait). The creation is audited with
     ``requested_by`` as the actor."""
-    if state not in ("pending", "proposed"):
-        raise ValueError(f"a new action is pending or proposed, not {state!r}")
+    if state not in INITIAL_STATES:
+        raise Invalid(f"a new action is pending or proposed, not {state!r}")
     if idempotency_key:
         existing = session.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
         if existing is not None:
@@ -123,6 +135,60 @@ def get_action(*, session: Session, action_id: int) -> Action | None:
     return session.get(Action, action_id)
 
 
+def lock_action(*, session: Session, action_id: int, job_id: int | None = None) -> Action:
+    """The action, locked for update; ``NotFound`` if missing or (with ``job_id``) not the
+    job's."""
+    action = session.scalar(select(Action).where(Action.id == action_id).with_for_update())
+    if action is None or (job_id is not None and action.job_id != job_id):
+        raise NotFound(f"action {action_id} not found" + (" in this job" if action else ""))
+    return action
+
+
+def cancel(
+    *,
+    session: Session,
+    action_id: int,
+    actor: str,
+    note: str = "",
+    job_id: int | None = None,
+    now: datetime | None = None,
+) -> Action:
+    """Cancel an open action (proposed, pending, dispatched or acked); audited.
+
+    Ranks are no longer handed the action; a rank that already received it may have run it.
+    Raises ``NotFound`` or ``Conflict`` (already succeeded, failed, cancelled or expired).
+    """
+    now = now or utcnow()
+    action = lock_action(session=session, action_id=action_id, job_id=job_id)
+    if action.state not in CANCELLABLE:
+        raise IllegalTransition(
+            f"action {action_id} is {action.state} already: it cannot be cancelled",
+            extra={"state": action.state, "to": "cancelled"},
+        )
+    transition(session=session, action=action, to="cancelled", actor=actor, now=now, note=note)
+    session.flush()
+    return action
+
+
+def expire_actions(*, session: Session, now: datetime | None = None) -> list[Action]:
+    """Mark proposed and pending actions past ``expires_at`` as expired; returns them.
+
+    For a periodic task: a proposal nobody approved, or an action no rank picked up.
+    """
+    now = now or utcnow()
+    query = (
+        select(Action)
+        .where(Action.state.in_(EXPIRABLE), Action.expires_at < now)
+        .order_by(Action.id)
+        .with_for_update()
+    )
+    expired = list(session.scalars(query))
+    for action in expired:
+        transition(session=session, action=action, to="expired", actor=SYSTEM_ACTOR, now=now)
+    session.flush()
+    return expired
+
+
 def _targets(action: Action, rank: int) -> bool:
     return action.target_ranks is None or rank in action.target_ranks
 
@@ -148,7 +214,7 @@ def dispatch_for_rank(
     locked = select(Action).where(Action.id.in_(candidates)).order_by(Action.id).with_for_update()
     for action in session.scalars(locked):
         if action.expires_at is not None and action.expires_at < now and action.state == "pending":
-            set_state(session=session, action=action, state="expired", actor="system", now=now)
+            transition(session=session, action=action, to="expired", actor=SYSTEM_ACTOR, now=now)
             continue
         if attempt > action.attempt:
             _supersede(session, action, attempt, now)
@@ -167,15 +233,22 @@ def dispatch_for_rank(
                 **action.deliveries,
                 key: {"state": "dispatched", "at": now.isoformat()},
             }
-        if action.state == "pending":
-            action.state = "dispatched"
+        if action.state == "pending":  # not audited: one hand-out per ingest reply
+            transition(
+                session=session,
+                action=action,
+                to="dispatched",
+                actor=f"rank:{rank}",
+                now=now,
+                audited=False,
+            )
         action.updated_at = now
         out.append({"id": action.id, "kind": action.kind, "params": action.params})
     session.flush()
     return out
 
 
-def _supersede(session: Session, action: Action, attempt: int, now: Any) -> None:
+def _supersede(session: Session, action: Action, attempt: int, now: datetime) -> None:
     """The job restarted (it is at ``attempt`` now) before every rank reported on the
     action. A restarting kind that a rank ran did its job: the restart is its outcome.
     Anything else can no longer reach the processes it was meant for: expired."""
@@ -186,7 +259,9 @@ def _supersede(session: Session, action: Action, attempt: int, now: Any) -> None
         "note": f"the job restarted (attempt {attempt}) before every rank reported",
     }
     state = "succeeded" if ran and action.kind in RESTARTING_KINDS else "expired"
-    set_state(session=session, action=action, state=state, actor="system", now=now, attempt=attempt)
+    transition(
+        session=session, action=action, to=state, actor=SYSTEM_ACTOR, now=now, attempt=attempt
+    )
 
 
 def record_report(
@@ -212,29 +287,30 @@ def record_report(
     deliveries = {**action.deliveries, str(rank): entry}
     action.deliveries = deliveries
     action.updated_at = now
-    if action.state in ("cancelled", "expired", "failed", "succeeded"):
-        return True  # late reports are kept per rank but do not reopen the action
+    if action.state not in OPEN_STATES:
+        # Late reports are kept per rank but do not reopen a finished action; a report on
+        # a proposal (no rank was ever handed it) does not release or finish it either.
+        return True
     before = action.state
     targets = action.target_ranks if action.target_ranks is not None else range(world_size)
     states = [deliveries.get(str(r), {}).get("state") for r in targets]
+    after = before
     if "failed" in states:
-        action.state = "failed"
+        after = "failed"
     elif states and all(s == "succeeded" for s in states):
-        action.state = "succeeded"
+        after = "succeeded"
     elif any(s in ("acked", "succeeded") for s in states):
-        action.state = "acked"
-    if action.state in ("failed", "succeeded"):
+        after = "acked"
+    if after in ("failed", "succeeded"):
         action.result = {r: d.get("result") for r, d in deliveries.items() if "result" in d}
-    if action.state != before:  # one audit row per state change, not per rank report
-        audit(
+    if after != before:  # one audit row per state change, not per rank report
+        transition(
             session=session,
-            job_id=job_id,
+            action=action,
+            to=after,
             actor=f"rank:{rank}",
-            event=action.state,
-            action_id=action.id,
-            incident_id=action.incident_id,
-            detail={"kind": action.kind, "from": before, "rank_state": state},
-            at=now,
+            now=now,
+            rank_state=state,
         )
     session.flush()
     return True

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from backend.actions.service import expire_actions as expire
 from backend.celery_app import redis_lock, runtime, vigil_task
 from backend.db import session_scope, utcnow
-from backend.recovery.service import expire_actions as expire
 
 
 @vigil_task("expire_actions")

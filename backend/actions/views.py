@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Depends, Response
 
 from backend.actions import service
 from backend.actions.models import Action
@@ -16,7 +15,8 @@ from backend.actions.schemas import ActionCreate, ActionOut
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
 from backend.deps import SessionDep
-from backend.jobs.service import get_job_id
+from backend.errors import NotFound
+from backend.jobs.service import require_job_id
 
 router = APIRouter(prefix="/api/v1", tags=["actions"])
 
@@ -24,13 +24,6 @@ router = APIRouter(prefix="/api/v1", tags=["actions"])
 def action_out(action: Action, job: str) -> ActionOut:
     columns = {c.key: getattr(action, c.key) for c in Action.__table__.columns}
     return ActionOut.model_validate({**columns, "job": job})
-
-
-def _job_id(session: Session, job: str) -> int:
-    job_id = get_job_id(session=session, name=job)
-    if job_id is None:
-        raise HTTPException(404, f"job {job!r} not found")
-    return job_id
 
 
 @router.post("/jobs/{job}/actions", response_model=ActionOut, status_code=201)
@@ -45,7 +38,7 @@ def create_action(
     A repeated `idempotency_key` returns the existing action with 200."""
     action, created = service.create_action(
         session=session,
-        job_id=_job_id(session, job),
+        job_id=require_job_id(session=session, name=job),
         kind=body.kind,
         requested_by=f"api:{principal.name}",
         target_ranks=body.target_ranks,
@@ -66,10 +59,8 @@ def create_action(
 )
 def list_actions(job: str, session: SessionDep) -> Any:
     """The job's actions, newest first, with per-rank delivery state."""
-    return [
-        action_out(a, job)
-        for a in service.list_actions(session=session, job_id=_job_id(session, job))
-    ]
+    job_id = require_job_id(session=session, name=job)
+    return [action_out(a, job) for a in service.list_actions(session=session, job_id=job_id)]
 
 
 @router.get(
@@ -80,6 +71,6 @@ def get_action(action_id: int, session: SessionDep) -> Any:
 
     action = service.get_action(session=session, action_id=action_id)
     if action is None:
-        raise HTTPException(404, f"action {action_id} not found")
+        raise NotFound(f"action {action_id} not found")
     job = session.get(Job, action.job_id)
     return action_out(action, job.name if job else "")

@@ -12,7 +12,9 @@ and periodically, for incidents that stay open (Alertmanager's ``repeat_interval
 
     remind_open(session=session, public_url=settings.public_url)
 
-Services take keyword-only arguments and only ``flush()``; the caller commits.
+Services take keyword-only arguments and only ``flush()``; the caller commits. A name that
+another receiver has is refused with ``ReceiverNameTaken`` (409), a generic receiver
+without a signing secret with ``Invalid`` (422).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.alerts import formats
 from backend.alerts.models import WebhookDelivery, WebhookReceiver
 from backend.db import utcnow
+from backend.errors import Conflict, Invalid
 from backend.incidents.models import Incident
 from backend.jobs.models import Job
 
@@ -57,6 +61,26 @@ RECEIVER_DEFAULTS: dict[str, Any] = {
 # --- receivers ---------------------------------------------------------------------------
 
 
+class ReceiverNameTaken(Conflict):
+    """Another webhook receiver already has the name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a webhook receiver named {name!r} already exists")
+
+
+def _claim_name(session: Session, name: str, receiver_id: int | None = None) -> None:
+    existing = get_receiver_by_name(session=session, name=name)
+    if existing is not None and existing.id != receiver_id:
+        raise ReceiverNameTaken(name)
+
+
+def _flush_receiver(session: Session, name: str) -> None:
+    try:
+        session.flush()
+    except IntegrityError:  # a concurrent request took the name after the check
+        raise ReceiverNameTaken(name) from None
+
+
 def list_receivers(*, session: Session) -> list[WebhookReceiver]:
     return list(session.scalars(select(WebhookReceiver).order_by(WebhookReceiver.id)))
 
@@ -77,13 +101,14 @@ def create_receiver(*, session: Session, name: str, url: str, **fields: Any) -> 
     unknown = set(fields) - set(RECEIVER_FIELDS)
     if unknown:
         raise TypeError(f"unknown receiver fields: {sorted(unknown)}")
+    _claim_name(session, name)
     now = utcnow()
     values = {**RECEIVER_DEFAULTS, **fields}
     receiver = WebhookReceiver(name=name, url=url, created_at=now, updated_at=now, **values)
     if receiver.format == "generic" and not receiver.secret:
         receiver.secret = formats.new_secret()
     session.add(receiver)
-    session.flush()
+    _flush_receiver(session, name)
     return receiver
 
 
@@ -94,10 +119,15 @@ def update_receiver(
     unknown = set(changes) - set(RECEIVER_FIELDS)
     if unknown:
         raise TypeError(f"unknown receiver fields: {sorted(unknown)}")
+    fmt = changes.get("format", receiver.format)
+    if fmt == "generic" and not changes.get("secret", receiver.secret):
+        raise Invalid("secret: the generic format needs a signing secret (whsec_…)")
+    if "name" in changes:
+        _claim_name(session, changes["name"], receiver.id)
     for key, value in changes.items():
         setattr(receiver, key, value)
     receiver.updated_at = utcnow()
-    session.flush()
+    _flush_receiver(session, receiver.name)
     return receiver
 
 

@@ -1,13 +1,36 @@
 """Webhook delivery as tasks: one right after an incident changes, and a periodic pass
-that retries what failed (with the backoff the sender set) and sends reminders."""
+that retries what failed (with the backoff the sender set) and sends reminders.
+
+    queue_deliveries([41, 42])   # after the commit that wrote them to the outbox
+"""
 
 from __future__ import annotations
+
+import logging
 
 from backend.alerts.sender import send_due, send_one
 from backend.alerts.service import remind_open
 from backend.celery_app import redis_lock, runtime, vigil_task
 from backend.db import session_scope
-from backend.pipeline import after_commit
+
+log = logging.getLogger(__name__)
+
+
+def queue_deliveries(delivery_ids: list[int]) -> None:
+    """Hand committed deliveries to the sender: a task each (distributed), or a nudge to
+    the embedded server's sender thread. A delivery that cannot be queued is sent by the
+    periodic ``send_due_notifications`` instead."""
+    if not delivery_ids:
+        return
+    rt = runtime()
+    if rt.redis is None:
+        rt.wake_sender()
+        return
+    for delivery_id in delivery_ids:
+        try:
+            send_notification.delay(delivery_id)
+        except Exception:
+            log.warning("could not queue delivery %s; the periodic sender will", delivery_id)
 
 
 @vigil_task("send_notification")
@@ -30,4 +53,4 @@ def remind_open_incidents() -> None:
             return
         with session_scope(rt.factory, write=True) as session:
             ids = [d.id for d in remind_open(session=session, public_url=rt.settings.public_url)]
-    after_commit(ids)
+    queue_deliveries(ids)

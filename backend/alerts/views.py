@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
-from sqlalchemy.exc import IntegrityError
+from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
-from backend.alerts import formats, sender, service
+from backend.alerts import sender, service
 from backend.alerts.models import WebhookReceiver
 from backend.alerts.schemas import (
     DeliveryOut,
@@ -26,6 +25,7 @@ from backend.alerts.schemas import (
 from backend.auth.deps import require_scope
 from backend.db import session_scope
 from backend.deps import SessionDep
+from backend.errors import Invalid, NotFound
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
 READ = [Depends(require_scope("read"))]
@@ -35,14 +35,8 @@ ADMIN = [Depends(require_scope("admin"))]
 def _receiver(session: Session, receiver_id: int) -> WebhookReceiver:
     receiver = service.get_receiver(session=session, receiver_id=receiver_id)
     if receiver is None:
-        raise HTTPException(404, f"webhook receiver {receiver_id} not found")
+        raise NotFound(f"webhook receiver {receiver_id} not found")
     return receiver
-
-
-def _name_free(session: Session, name: str, receiver_id: int | None = None) -> None:
-    existing = service.get_receiver_by_name(session=session, name=name)
-    if existing is not None and existing.id != receiver_id:
-        raise HTTPException(409, f"a webhook receiver named {name!r} already exists")
 
 
 @router.get("/webhooks", response_model=list[WebhookOut], dependencies=READ)
@@ -54,16 +48,10 @@ def list_webhooks(session: SessionDep) -> Any:
 @router.post("/webhooks", response_model=WebhookCreated, status_code=201, dependencies=ADMIN)
 def create_webhook(body: WebhookCreate, session: SessionDep) -> Any:
     """Add a receiver. For the `generic` format a signing secret is generated when none is
-    given; it is returned here, once, and never again."""
-    _name_free(session, body.name)
+    given; it is returned here, once, and never again. 409 if the name is taken."""
     fields = body.model_dump(exclude={"name", "url"})
     generated = body.format == "generic" and body.secret is None
-    if generated:
-        fields["secret"] = formats.new_secret()
-    try:
-        receiver = service.create_receiver(session=session, name=body.name, url=body.url, **fields)
-    except IntegrityError:
-        raise HTTPException(409, f"a webhook receiver named {body.name!r} already exists") from None
+    receiver = service.create_receiver(session=session, name=body.name, url=body.url, **fields)
     out = WebhookOut.of(receiver).model_dump()
     return WebhookCreated(**out, secret=receiver.secret if generated else None)
 
@@ -79,18 +67,9 @@ def update_webhook(receiver_id: int, body: WebhookUpdate, session: SessionDep) -
     receiver = _receiver(session, receiver_id)
     try:
         changes = body.changes()
-    except ValueError as exc:
-        raise HTTPException(422, str(exc)) from None
-    if "name" in changes:
-        _name_free(session, changes["name"], receiver_id)
-    fmt = changes.get("format", receiver.format)
-    secret = changes.get("secret", receiver.secret)
-    if fmt == "generic" and not secret:
-        raise HTTPException(422, "secret: the generic format needs a signing secret (whsec_…)")
-    try:
-        service.update_receiver(session=session, receiver=receiver, changes=changes)
-    except IntegrityError:  # a concurrent request took the name after the check
-        raise HTTPException(409, f"a webhook receiver named {body.name!r} already exists") from None
+    except ValueError as exc:  # a field sent as null that may not be
+        raise Invalid(str(exc)) from None
+    service.update_receiver(session=session, receiver=receiver, changes=changes)
     return WebhookOut.of(receiver)
 
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend.auth.models import SCOPES, ApiToken
 from backend.db import session_scope, utcnow
+from backend.errors import Invalid
 
 TOKEN_PREFIX = "vgl_"
 
@@ -43,7 +44,7 @@ def normalize_scopes(scopes: Iterable[str]) -> list[str]:
     wanted = sorted({s.strip() for s in scopes if s.strip()})
     unknown = [s for s in wanted if s not in SCOPES]
     if unknown or not wanted:
-        raise ValueError(f"scopes must be a non-empty subset of {', '.join(SCOPES)}; got {unknown}")
+        raise Invalid(f"scopes must be a non-empty subset of {', '.join(SCOPES)}; got {unknown}")
     return wanted
 
 
@@ -65,6 +66,7 @@ def list_tokens(*, session: Session) -> list[ApiToken]:
 
 
 def revoke_token(*, session: Session, token_id: int) -> ApiToken | None:
+    """Revoke the token (again is a no-op: the first time stays); ``None`` if unknown."""
     row = session.get(ApiToken, token_id)
     if row is not None and row.revoked_at is None:
         row.revoked_at = utcnow()

@@ -1,13 +1,12 @@
-"""Load what the detectors need from the store, as numpy arrays.
+"""Load the parts of a detection window (:mod:`detectors.window`) from the store.
 
-A window is the job's last ``width`` steps of its current restart attempt, pivoted to
-rank × step arrays with NaN where a rank did not report.
+``load_steps``: the job's last ``width`` steps of its current restart attempt, pivoted to
+rank × step arrays with NaN where a rank did not report; ``load_collectives``: the
+per-step collective aggregates over those steps; ``load_liveness``: every rank's latest
+state for the hang and crash sweep.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select
@@ -15,33 +14,12 @@ from sqlalchemy.orm import Session
 
 from backend.jobs.models import Job, Rank
 from backend.telemetry.models import CollectiveRecord, StepRecord
-
-FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+from detectors.window import CollectiveWindow, Inflight, LivenessWindow, RankState, StepWindow
 
 STEP_COLUMNS = ("duration_s", "comm_s", "data_s", "loss", "grad_norm", "mem_bytes")
 
 
-@dataclass
-class Window:
-    steps: np.ndarray[Any, np.dtype[np.int64]]  # (S,)
-    ranks: np.ndarray[Any, np.dtype[np.int64]]  # (R,)
-    step_time: FloatArray  # (R, S)
-    comm_time: FloatArray
-    data_time: FloatArray
-    loss: FloatArray
-    grad_norm: FloatArray
-    mem_bytes: FloatArray
-    # A NaN loss is data; a missing one is not. These say which cells were sent.
-    loss_reported: np.ndarray[Any, np.dtype[np.bool_]]
-    grad_reported: np.ndarray[Any, np.dtype[np.bool_]]
-    world_size: int
-
-    @property
-    def has_comm(self) -> bool:
-        return bool(np.isfinite(self.comm_time).any())
-
-
-def load_window(*, session: Session, job_id: int, width: int = 200) -> Window | None:
+def load_steps(*, session: Session, job_id: int, width: int = 200) -> StepWindow | None:
     attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
     recent = (
         select(StepRecord.step)
@@ -80,7 +58,7 @@ def load_window(*, session: Session, job_id: int, width: int = 200) -> Window | 
     grad_reported = np.zeros_like(reported)
     grad_reported[ri, si] = grad_sent
     world = session.scalar(select(Job.world_size).where(Job.id == job_id)) or len(ranks)
-    return Window(
+    return StepWindow(
         loss_reported=reported,
         grad_reported=grad_reported,
         world_size=max(int(world), int(ranks.max()) + 1),
@@ -95,19 +73,9 @@ def load_window(*, session: Session, job_id: int, width: int = 200) -> Window | 
     )
 
 
-@dataclass
-class CollectiveWindow:
-    rank: np.ndarray[Any, np.dtype[np.int64]]
-    step: np.ndarray[Any, np.dtype[np.int64]]
-    group: np.ndarray[Any, np.dtype[np.str_]]
-    op: np.ndarray[Any, np.dtype[np.str_]]
-    nbytes: FloatArray
-    duration_s: FloatArray
-    members: dict[str, list[int]]
-
-
-def load_collectives(*, session: Session, job_id: int, window: Window) -> CollectiveWindow | None:
-    """Per-step collective aggregates over the window's steps, with group membership."""
+def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> CollectiveWindow:
+    """Per-step collective aggregates over the window's steps, with group membership
+    (empty when the job reports none: the comm detector then finds nothing)."""
     attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
     rows = session.execute(
         select(
@@ -124,8 +92,6 @@ def load_collectives(*, session: Session, job_id: int, window: Window) -> Collec
             CollectiveRecord.step >= int(window.steps[0]),
         )
     ).all()
-    if not rows:
-        return None
     members: dict[str, list[int]] = {}
     for r in rows:
         if r.group not in members:
@@ -133,8 +99,8 @@ def load_collectives(*, session: Session, job_id: int, window: Window) -> Collec
     return CollectiveWindow(
         rank=np.array([r.rank for r in rows], dtype=np.int64),
         step=np.array([r.step for r in rows], dtype=np.int64),
-        group=np.array([r.group for r in rows]),
-        op=np.array([r.op for r in rows]),
+        group=np.array([r.group for r in rows], dtype=np.str_),
+        op=np.array([r.op for r in rows], dtype=np.str_),
         nbytes=np.array([r.bytes for r in rows], dtype=float),
         duration_s=np.array([r.duration_s for r in rows], dtype=float),
         members=members,
@@ -173,3 +139,42 @@ def group_members(*, session: Session, job_id: int, limit: int = 5000) -> dict[s
         if members is not None:
             groups.setdefault(group, members)
     return groups
+
+
+def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindow:
+    """Every rank that has not said goodbye, as the hang detector sees it, at ``now``."""
+    states = [
+        RankState(
+            rank=r.rank,
+            last_step=r.last_step,
+            current_step=r.current_step,
+            last_step_ts=r.last_step_ts,
+            last_heartbeat_ts=r.last_heartbeat_ts
+            if r.last_heartbeat_ts is not None
+            else (r.last_step_ts or 0.0),
+            inflight=_inflight(r.inflight),
+        )
+        for r in rank_states(session=session, job_id=job_id)
+        if not r.exited
+    ]
+    durations = recent_step_durations(session=session, job_id=job_id) if states else []
+    return LivenessWindow(
+        states=states,
+        now=now,
+        step_durations=np.asarray(durations, dtype=float),
+        groups=(group_members(session=session, job_id=job_id) or None) if states else None,
+    )
+
+
+def _inflight(raw: dict[str, object] | None) -> Inflight | None:
+    if not raw:
+        return None
+    try:
+        return Inflight(
+            group=str(raw["group"]),
+            op=str(raw["op"]),
+            seq=int(raw.get("seq") or 0),  # type: ignore[call-overload]
+            since=float(raw["since"]),  # type: ignore[arg-type]
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

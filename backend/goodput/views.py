@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends
 
 from backend.auth.deps import require_scope
 from backend.deps import SessionDep
+from backend.errors import NotFound
 from backend.goodput import service
 from backend.goodput.schemas import GoodputOut
 from backend.jobs.service import get_job_id
@@ -30,5 +31,5 @@ def job_goodput(job: str, session: SessionDep) -> Any:
     job_id = get_job_id(session=session, name=job)
     found = None if job_id is None else service.job_goodput(session=session, job_id=job_id)
     if found is None:
-        raise HTTPException(404, f"job {job!r} not found")
+        raise NotFound(f"job {job!r} not found")
     return found

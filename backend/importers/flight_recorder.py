@@ -1,12 +1,15 @@
 """``vigil import flight-recorder DIR --job NAME``: diagnose PyTorch Flight Recorder dumps
 and store the result as a ``hang`` incident of the job.
 
-Dumps are read with a data-only unpickler (``detectors.flight_recorder``): a crafted
-pickle is refused, never executed.
+This is where dump files are read (``detectors`` is pure): ``load_dumps`` reads a directory,
+one file per rank named ``*_<rank>``, and hands each file's bytes to
+``detectors.flight_recorder.parse_dump``, whose data-only unpickler refuses a crafted pickle
+instead of executing it. Errors are ``FlightRecorderError``/``UnsafeDumpError`` naming the file.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,40 @@ from backend.incidents.models import Incident
 from backend.incidents.service import apply_findings
 from backend.jobs.models import Job
 from detectors import flight_recorder
+from detectors.flight_recorder import Dump, FlightRecorderError, parse_dump
+
+_RANK_IN_NAME = re.compile(r"_(\d+)(?:\.(?:pkl|pickle|json))?$")
+
+
+def load_dump(path: str | Path, rank: int | None = None) -> Dump:
+    """Read one dump; the rank comes from ``rank``, the dump, or a name ending ``_<rank>``."""
+    p = Path(path)
+    if rank is None and (m := _RANK_IN_NAME.search(p.name)):
+        rank = int(m.group(1))
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise FlightRecorderError(f"{p}: cannot read ({exc.strerror or exc})") from exc
+    return parse_dump(data, rank=rank, source=str(p))
+
+
+def load_dumps(directory: str | Path) -> list[Dump]:
+    """Every file in ``directory`` named ``*_<rank>`` (``.pkl``/``.json`` allowed), by rank."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise FlightRecorderError(f"{d}: not a directory")
+    files = sorted(p for p in d.iterdir() if p.is_file() and _RANK_IN_NAME.search(p.name))
+    if not files:
+        raise FlightRecorderError(f"{d}: no Flight Recorder dumps (files named *_<rank>)")
+    dumps = [load_dump(p) for p in files]
+    seen: dict[int, str] = {}
+    for dump in dumps:
+        if dump.rank in seen:
+            raise FlightRecorderError(
+                f"{dump.source}: rank {dump.rank} again (also in {seen[dump.rank]})"
+            )
+        seen[dump.rank] = dump.source
+    return sorted(dumps, key=lambda x: x.rank)
 
 
 @dataclass
@@ -28,7 +65,7 @@ class ImportResult:
 
 
 def import_dumps(*, session: Session, directory: Path, job: str) -> ImportResult:
-    dumps = flight_recorder.load_dumps(directory)
+    dumps = load_dumps(directory)
     diagnosis = flight_recorder.diagnose(dumps)
     findings = flight_recorder.analyze(dumps)
     job_id = _ensure_job(session=session, name=job, world_size=len(diagnosis.ranks))

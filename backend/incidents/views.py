@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, Query
 
 from backend.auth.deps import require_scope
 from backend.deps import SessionDep
+from backend.errors import NotFound
 from backend.incidents import service
 from backend.incidents.models import Incident
 from backend.incidents.schemas import IncidentOut
 from backend.jobs.models import Job
-from backend.jobs.service import get_job_id
+from backend.jobs.service import require_job_id
 
 router = APIRouter(
     prefix="/api/v1", tags=["incidents"], dependencies=[Depends(require_scope("read"))]
@@ -32,9 +33,7 @@ def list_incidents(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Any:
     """The job's incidents, newest first."""
-    job_id = get_job_id(session=session, name=job)
-    if job_id is None:
-        raise HTTPException(404, f"job {job!r} not found")
+    job_id = require_job_id(session=session, name=job)
     rows = service.list_incidents(session=session, job_id=job_id, status=status, limit=limit)
     return [to_out(r, job) for r in rows]
 
@@ -43,6 +42,6 @@ def list_incidents(
 def get_incident(incident_id: int, session: SessionDep) -> Any:
     row = service.get_incident(session=session, incident_id=incident_id)
     if row is None:
-        raise HTTPException(404, f"incident {incident_id} not found")
+        raise NotFound(f"incident {incident_id} not found")
     job = session.get(Job, row.job_id)
     return to_out(row, job.name if job else "")

@@ -8,15 +8,16 @@ import zlib
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth.deps import require_scope
 from backend.db import session_scope
+from backend.detection.schedule import DetectionScheduler
+from backend.errors import DomainError, Invalid
 from backend.ingest.schemas import IngestBatch, IngestReply, check_request_times, format_loc
-from backend.ingest.service import JobKindConflict, ingest_batch
+from backend.ingest.service import ingest_batch
 from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 from backend.settings import Settings
 
@@ -47,11 +48,11 @@ class IngestGate:
             self._inflight -= 1
 
 
-def _throttled(settings: Settings, why: str) -> JSONResponse:
+def _throttled(settings: Settings, why: str) -> HTTPException:
     INGEST_BATCHES.labels("throttled").inc()
-    return JSONResponse(
-        {"detail": f"server saturated ({why}); retry later"},
-        status_code=429,
+    return HTTPException(
+        429,
+        f"server saturated ({why}); retry later",
         headers={"Retry-After": str(settings.retry_after_s)},
     )
 
@@ -74,7 +75,7 @@ async def ingest(request: Request, _: Any = Depends(require_scope("ingest"))) ->
     settings: Settings = request.app.state.settings
     gate: IngestGate = request.app.state.ingest_gate
     if not gate.try_enter():
-        return _throttled(settings, f"{gate.limit} batches in flight")
+        raise _throttled(settings, f"{gate.limit} batches in flight")
     try:
         body = await _read_body(request, settings.max_body_bytes)
         return await run_in_threadpool(_store, request, body)
@@ -121,34 +122,21 @@ def _store(request: Request, body: bytes) -> Any:
     settings: Settings = request.app.state.settings
     started = time.perf_counter()
     try:
-        batch = IngestBatch.model_validate_json(body)
-    except ValidationError as exc:
-        INGEST_BATCHES.labels("rejected").inc()
-        raise _validation_error(exc) from None
-    if len(batch.events) > settings.max_events_per_batch:
-        INGEST_BATCHES.labels("rejected").inc()
-        raise HTTPException(
-            413,
-            f"events: {len(batch.events)} events exceed the limit of "
-            f"{settings.max_events_per_batch} per batch; send smaller batches",
-        )
-    if errors := check_request_times(batch.events):  # type: ignore[arg-type]
-        INGEST_BATCHES.labels("rejected").inc()
-        raise HTTPException(422, errors)
-    try:
+        batch = _parse(body, settings)
         with session_scope(request.app.state.sessionmaker, write=True) as session:
             result = ingest_batch(session=session, batch=batch)
-    except JobKindConflict as exc:
+    except (DomainError, HTTPException):  # refused (e.g. JobKindConflict): nothing stored
         INGEST_BATCHES.labels("rejected").inc()
-        raise HTTPException(409, str(exc)) from None
+        raise
     except sa_exc.TimeoutError:
-        return _throttled(settings, "database connection pool exhausted")
+        raise _throttled(settings, "database connection pool exhausted") from None
     except sa_exc.OperationalError as exc:
         if "locked" in str(exc.orig).lower():
-            return _throttled(settings, "database is busy")
+            raise _throttled(settings, "database is busy") from None
         raise
-    if request.app.state.detection is not None and result.counts:
-        request.app.state.detection.mark(result.job_id)
+    scheduler: DetectionScheduler | None = request.app.state.detection_scheduler
+    if scheduler is not None and result.counts:
+        scheduler.mark(result.job_id)
     INGEST_SECONDS.observe(time.perf_counter() - started)
     INGEST_BATCHES.labels("duplicate" if result.duplicate else "stored").inc()
     for kind, n in result.counts.items():
@@ -156,10 +144,27 @@ def _store(request: Request, body: bytes) -> Any:
     return IngestReply(accepted=result.accepted, duplicate=result.duplicate, actions=result.actions)
 
 
-def _validation_error(exc: ValidationError) -> HTTPException:
+def _parse(body: bytes, settings: Settings) -> IngestBatch:
+    """The batch, or the error naming what is wrong with it."""
+    try:
+        batch = IngestBatch.model_validate_json(body)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    if len(batch.events) > settings.max_events_per_batch:
+        raise HTTPException(
+            413,
+            f"events: {len(batch.events)} events exceed the limit of "
+            f"{settings.max_events_per_batch} per batch; send smaller batches",
+        )
+    if errors := check_request_times(batch.events):  # type: ignore[arg-type]
+        raise Invalid(errors)
+    return batch
+
+
+def _validation_error(exc: ValidationError) -> DomainError:
     errors = exc.errors(include_url=False, include_input=False)
     if errors and errors[0]["type"] == "json_invalid":
-        return HTTPException(400, f"body is not valid JSON: {errors[0]['msg']}")
+        return DomainError(f"body is not valid JSON: {errors[0]['msg']}")
     detail = [
         {
             "field": format_loc(tuple(e["loc"])),
@@ -168,4 +173,4 @@ def _validation_error(exc: ValidationError) -> HTTPException:
         }
         for e in errors[:50]
     ]
-    return HTTPException(422, detail)
+    return Invalid(detail)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import base64
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from backend.errors import NotFound
 from backend.incidents.models import Incident
 from backend.jobs.models import Job, Rank
 from backend.telemetry.models import ROLLUP_WIDTHS, StepRecord, StepRollup
-
-RECENT_STEPS = 200
+from backend.telemetry.queries import median_recent_step_s
 
 
 def _rank_rollup() -> Any:
@@ -58,6 +57,14 @@ def get_job_id(*, session: Session, name: str) -> int | None:
     return session.scalar(select(Job.id).where(Job.name == name))
 
 
+def require_job_id(*, session: Session, name: str) -> int:
+    """The job's id; ``NotFound`` (404) when no job has that name."""
+    job_id = get_job_id(session=session, name=name)
+    if job_id is None:
+        raise NotFound(f"job {name!r} not found")
+    return job_id
+
+
 def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
     r = _rank_rollup()
     row = session.execute(
@@ -70,13 +77,7 @@ def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
     job_id = row[0].id
     out = _summary(row)
     out["steps_stored"] = steps_stored(session=session, job_id=job_id)
-    recent = session.scalars(
-        select(StepRecord.duration_s)
-        .where(StepRecord.job_id == job_id)
-        .order_by(StepRecord.step.desc())
-        .limit(RECENT_STEPS)
-    ).all()
-    out["step_time_median_s"] = statistics.median(recent) if recent else None
+    out["step_time_median_s"] = median_recent_step_s(session=session, job_id=job_id)
     out["open_incidents"] = session.scalar(
         select(func.count())
         .select_from(Incident)

@@ -5,24 +5,17 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Depends, Query
 
 from backend.auth.deps import require_scope
 from backend.deps import SessionDep
+from backend.errors import Invalid, NotFound
 from backend.jobs import service
 from backend.jobs.schemas import JobDetail, JobOut, RankOut, StepOut, StepPage
 
 router = APIRouter(
     prefix="/api/v1/jobs", tags=["jobs"], dependencies=[Depends(require_scope("read"))]
 )
-
-
-def _job_id(session: Session, job: str) -> int:
-    job_id = service.get_job_id(session=session, name=job)
-    if job_id is None:
-        raise HTTPException(404, f"job {job!r} not found")
-    return job_id
 
 
 @router.get("", response_model=list[JobOut])
@@ -34,7 +27,7 @@ def list_jobs(session: SessionDep) -> Any:
 def get_job(job: str, session: SessionDep) -> Any:
     found = service.get_job(session=session, name=job)
     if found is None:
-        raise HTTPException(404, f"job {job!r} not found")
+        raise NotFound(f"job {job!r} not found")
     return found
 
 
@@ -50,14 +43,14 @@ def list_steps(
 ) -> Any:
     """Step records ordered by (step, rank). Follow `next_cursor` until it is null."""
     if from_step is not None and to_step is not None and from_step > to_step:
-        raise HTTPException(422, "from_step must not be greater than to_step")
+        raise Invalid("from_step must not be greater than to_step")
     try:
         after = service.StepCursor.decode(cursor) if cursor else None
     except ValueError as exc:
-        raise HTTPException(422, f"cursor: {exc}") from None
+        raise Invalid(f"cursor: {exc}") from None
     rows, nxt = service.list_steps(
         session=session,
-        job_id=_job_id(session, job),
+        job_id=service.require_job_id(session=session, name=job),
         rank=rank,
         from_step=from_step,
         to_step=to_step,
@@ -73,4 +66,5 @@ def list_steps(
 @router.get("/{job}/ranks", response_model=list[RankOut])
 def list_ranks(job: str, session: SessionDep) -> Any:
     """Each rank's latest state: steps, heartbeat age, the collective it is inside."""
-    return service.list_ranks(session=session, job_id=_job_id(session, job), now=time.time())
+    job_id = service.require_job_id(session=session, name=job)
+    return service.list_ranks(session=session, job_id=job_id, now=time.time())

@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
-from backend.recovery.models import AuditEntry
+from backend.audit.models import AuditEntry
 from backend.settings import Settings
 from detectors.policy import DISRUPTIVE, human_seconds
 

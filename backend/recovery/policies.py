@@ -19,10 +19,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.models import ACTION_KINDS
+from backend.audit.service import audit
 from backend.db import insert_for, utcnow
+from backend.errors import Invalid
 from backend.incidents.models import INCIDENT_KINDS
 from backend.jobs.models import Job
-from backend.recovery.audit import audit
 from backend.recovery.models import POLICY_MODES, RecoveryPolicy
 from backend.recovery.schemas import PolicyParams
 
@@ -30,7 +31,7 @@ ANY = "*"
 DEFAULT_MODE = "approve"
 
 
-class PolicyError(ValueError):
+class PolicyError(Invalid):
     """A policy that cannot be stored; the message names the bad field."""
 
 

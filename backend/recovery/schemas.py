@@ -1,4 +1,4 @@
-"""Request and response shapes of the recovery API: policies, approvals, audit.
+"""Request and response shapes of the recovery API: policies and approvals.
 
 PUT /api/v1/jobs/llama-8b-pretrain/policies/straggler
 {"mode": "auto", "actions": ["evict_rank", "restart"],
@@ -92,14 +92,3 @@ class DecisionIn(BaseModel):
         default=False, description="Approve even if a guard (cooldown, cap) blocks."
     )
     note: Annotated[str, Field(max_length=2000)] = ""
-
-
-class AuditOut(BaseModel):
-    id: int
-    job: str | None
-    action_id: int | None
-    incident_id: int | None
-    at: datetime
-    actor: str
-    event: str
-    detail: dict[str, Any]

@@ -8,6 +8,10 @@
     cancel(session=session, action_id=12, actor="api:oncall")    # any open state → cancelled
     expire_actions(session=session)                               # periodic sweep
 
+``cancel`` and ``expire_actions`` live in ``backend.actions.service`` (they are the action's
+own life cycle) and are re-exported here; ``approve`` lives here because it re-checks the
+guards. Every state change goes through ``backend.actions.states.transition``.
+
 For each incident ``respond`` resolves the job's policy (``backend.recovery.policies``):
 ``off`` does nothing (audited as ``skipped``); otherwise the cost model
 (``detectors.policy``) picks an action from facts read here, the guards
@@ -17,7 +21,8 @@ incident gets at most one action, ever (idempotency key ``incident:<id>:<kind>``
 
 A blocked action is not stored as an action: the ``blocked`` audit entry holds the choice,
 its cost table and the guard that stopped it. Every step is audited (actor ``policy``).
-Services only flush; the caller commits.
+Services only flush; the caller commits. Errors are ``backend.errors`` ones: ``NotFound``,
+``Conflict`` and its subclass ``GuardBlocked`` (importable from here too).
 """
 
 from __future__ import annotations
@@ -29,11 +34,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
-from backend.actions.service import DEFAULT_TTL_S, create_action, job_attempt, set_state
+from backend.actions.service import (
+    DEFAULT_TTL_S,
+    cancel,
+    create_action,
+    expire_actions,
+    job_attempt,
+    lock_action,
+)
+from backend.actions.states import transition
+from backend.audit.service import audit, list_audit
 from backend.db import utcnow
+from backend.errors import Conflict, NotFound
 from backend.incidents.models import Incident
 from backend.jobs.models import Job
-from backend.recovery.audit import audit, list_audit
 from backend.recovery.facts import job_timing
 from backend.recovery.guards import GuardResult, check_guards
 from backend.recovery.policies import (
@@ -64,27 +78,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 POLICY_ACTOR = "policy"
-SYSTEM_ACTOR = "system"
 DEFAULT_APPROVE_TTL_S = 3600.0
-CANCELLABLE = ("proposed", "pending", "dispatched", "acked")
-EXPIRABLE = ("proposed", "pending")
-
-
-class RecoveryError(Exception):
-    """Base of the errors below; the message is meant for the API caller."""
-
-
-class NotFound(RecoveryError, LookupError):
-    pass
-
-
-class Conflict(RecoveryError):
-    """The action's state does not allow the request."""
 
 
 class GuardBlocked(Conflict):
+    """A guard (cooldown, hourly cap) refuses an approval; ``guards`` holds every check."""
+
     def __init__(self, message: str, guards: list[GuardResult]) -> None:
-        super().__init__(message)
+        super().__init__(message, extra={"guards": [g.to_dict() for g in guards]})
         self.guards = guards
 
 
@@ -215,13 +216,6 @@ def _respond_one(
     return action if created else None
 
 
-def _load(session: Session, action_id: int, job_id: int | None) -> Action:
-    action = session.scalar(select(Action).where(Action.id == action_id).with_for_update())
-    if action is None or (job_id is not None and action.job_id != job_id):
-        raise NotFound(f"action {action_id} not found" + (" in this job" if action else ""))
-    return action
-
-
 def _policy_for(session: Session, action: Action) -> EffectivePolicy:
     job = session.get(Job, action.job_id)
     incident = session.get(Incident, action.incident_id) if action.incident_id else None
@@ -247,7 +241,7 @@ def approve(
     the refusal is audited, so commit before reporting it).
     """
     now = now or utcnow()
-    action = _load(session, action_id, job_id)
+    action = lock_action(session=session, action_id=action_id, job_id=job_id)
     if action.state != "proposed":
         raise Conflict(
             f"action {action_id} is {action.state}: only a proposed action can be approved"
@@ -282,62 +276,21 @@ def approve(
             "(approve with force to override)",
             guards,
         )
-    action.state, action.approved_by, action.updated_at = "pending", actor[:128], now
+    transition(  # proposed → pending is audited as "approved"
+        session=session,
+        action=action,
+        to="pending",
+        actor=actor,
+        now=now,
+        guards=detail["guards"],
+        note=note,
+        forced=bool(blocked),
+    )
+    action.approved_by = actor[:128]
     # Approved now: it is for the job as it runs now, not as it ran when proposed.
     action.attempt = job_attempt(session=session, job_id=action.job_id)
     action.expires_at = now + timedelta(seconds=float(policy.params.get("ttl_s", DEFAULT_TTL_S)))
     approval = {"by": actor, "at": now.isoformat(), "forced": bool(blocked), **detail}
     action.reasoning = {**(action.reasoning or {}), "approval": approval}
-    audit(
-        session=session,
-        job_id=action.job_id,
-        actor=actor,
-        event="approved",
-        action_id=action.id,
-        incident_id=action.incident_id,
-        detail={**detail, "forced": bool(blocked)},
-        at=now,
-    )
-    return action
-
-
-def cancel(
-    *,
-    session: Session,
-    action_id: int,
-    actor: str,
-    note: str = "",
-    job_id: int | None = None,
-    now: datetime | None = None,
-) -> Action:
-    """Cancel an open action (proposed, pending, dispatched or acked); audited.
-
-    Ranks are no longer handed the action; a rank that already received it may have run it.
-    Raises ``NotFound`` or ``Conflict`` (already succeeded, failed, cancelled or expired).
-    """
-    now = now or utcnow()
-    action = _load(session, action_id, job_id)
-    if action.state not in CANCELLABLE:
-        raise Conflict(f"action {action_id} is {action.state} already: it cannot be cancelled")
-    set_state(session=session, action=action, state="cancelled", actor=actor, now=now, note=note)
     session.flush()
     return action
-
-
-def expire_actions(*, session: Session, now: datetime | None = None) -> list[Action]:
-    """Mark proposed and pending actions past ``expires_at`` as expired; returns them.
-
-    For a periodic task: a proposal nobody approved, or an action no rank picked up.
-    """
-    now = now or utcnow()
-    query = (
-        select(Action)
-        .where(Action.state.in_(EXPIRABLE), Action.expires_at < now)
-        .order_by(Action.id)
-        .with_for_update()
-    )
-    expired = list(session.scalars(query))
-    for action in expired:
-        set_state(session=session, action=action, state="expired", actor=SYSTEM_ACTOR, now=now)
-    session.flush()
-    return expired

@@ -1,19 +1,18 @@
-"""Recovery over REST: approve or cancel actions, set policies, read the audit trail.
+"""Recovery over REST: approve or cancel actions, set policies.
 
     curl -X PUT -H "Authorization: Bearer $ADMIN" $VIGIL/api/v1/jobs/llama/policies/straggler \\
          -d '{"mode": "auto", "params": {"allow_evict": true, "horizon_s": 36000}}'
     curl -X POST -H "Authorization: Bearer $ADMIN" $VIGIL/api/v1/jobs/llama/actions/12/approve
-    curl -H "Authorization: Bearer $READ" $VIGIL/api/v1/jobs/llama/audit
 
 Changing things needs an `admin` token, reading a `read` token. Mounted as ``router``.
+The audit trail these write is read at ``/api/v1/jobs/{job}/audit`` (``backend.audit.views``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Body, Depends, Request
 from sqlalchemy.orm import Session
 
 from backend.actions.schemas import ActionOut
@@ -21,23 +20,17 @@ from backend.actions.views import action_out
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
 from backend.deps import SessionDep
-from backend.jobs.service import get_job_id
+from backend.errors import Invalid, NotFound, error_response
+from backend.jobs.service import require_job_id
 from backend.recovery import service
-from backend.recovery.models import AuditEntry, RecoveryPolicy
+from backend.recovery.models import RecoveryPolicy
 from backend.recovery.policies import ANY
-from backend.recovery.schemas import AuditOut, DecisionIn, PolicyIn, PolicyOut
+from backend.recovery.schemas import DecisionIn, PolicyIn, PolicyOut
 
 router = APIRouter(prefix="/api/v1", tags=["recovery"])
 
 Admin = Annotated[Principal, Depends(require_scope("admin"))]
 READ = [Depends(require_scope("read"))]
-
-
-def _job_id(session: Session, job: str) -> int:
-    job_id = get_job_id(session=session, name=job)
-    if job_id is None:
-        raise HTTPException(404, f"job {job!r} not found")
-    return job_id
 
 
 def _policy_out(row: RecoveryPolicy) -> PolicyOut:
@@ -56,7 +49,7 @@ def _decide(
     approve: bool,
 ) -> Any:
     body = body or DecisionIn()
-    job_id = _job_id(session, job)
+    job_id = require_job_id(session=session, name=job)
     actor = f"api:{principal.name}"
     try:
         if approve:
@@ -74,13 +67,10 @@ def _decide(
                 session=session, action_id=action_id, actor=actor, note=body.note, job_id=job_id
             )
     except service.NotFound:
-        raise HTTPException(404, f"action {action_id} not found in job {job!r}") from None
+        raise NotFound(f"action {action_id} not found in job {job!r}") from None
     except service.GuardBlocked as exc:
-        # Returned, not raised: the refusal's audit entry is committed with the response.
-        guards = [g.to_dict() for g in exc.guards]
-        return JSONResponse({"detail": str(exc), "guards": guards}, status_code=409)
-    except service.Conflict as exc:
-        raise HTTPException(409, str(exc)) from None
+        # Returned, not raised: the refusal's audit entry commits with the response.
+        return error_response(exc)
     return action_out(action, job)
 
 
@@ -113,18 +103,15 @@ def cancel_action(
 
 
 def _put(session: Session, job: str, kind: str, body: PolicyIn, principal: Principal) -> Any:
-    try:
-        row, _ = service.put_policy(
-            session=session,
-            job=job,
-            kind=kind,
-            mode=body.mode,
-            actor=f"api:{principal.name}",
-            actions=body.actions,
-            params=body.params.model_dump(exclude_none=True),
-        )
-    except service.PolicyError as exc:
-        raise HTTPException(422, str(exc)) from None
+    row, _ = service.put_policy(
+        session=session,
+        job=job,
+        kind=kind,
+        mode=body.mode,
+        actor=f"api:{principal.name}",
+        actions=body.actions,
+        params=body.params.model_dump(exclude_none=True),
+    )
     return _policy_out(row)
 
 
@@ -142,7 +129,7 @@ def put_job_policy(
     """Set how incidents of `kind` (or `*`: every kind) in this job are handled:
     `auto` acts, `approve` proposes and waits for a person, `off` does nothing."""
     if job == ANY:
-        raise HTTPException(422, "job: '*' is the default for every job: use /api/v1/policies")
+        raise Invalid("job: '*' is the default for every job: use /api/v1/policies")
     return _put(session, job, kind, body, principal)
 
 
@@ -156,37 +143,3 @@ def list_default_policies(session: SessionDep) -> Any:
 def put_default_policy(kind: str, body: PolicyIn, session: SessionDep, principal: Admin) -> Any:
     """Set the default for every job; a job's own policy for the kind takes precedence."""
     return _put(session, ANY, kind, body, principal)
-
-
-def _audit_out(row: AuditEntry, job: str | None) -> AuditOut:
-    columns = {c.key: getattr(row, c.key) for c in AuditEntry.__table__.columns}
-    return AuditOut.model_validate({**columns, "job": job})
-
-
-@router.get("/jobs/{job}/audit", response_model=list[AuditOut], dependencies=READ)
-def list_job_audit(
-    job: str,
-    session: SessionDep,
-    action_id: Annotated[int | None, Query()] = None,
-    incident_id: Annotated[int | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
-) -> Any:
-    """What the policy, people and ranks did about this job's incidents, newest first."""
-    rows = service.list_audit(
-        session=session,
-        job_id=_job_id(session, job),
-        action_id=action_id,
-        incident_id=incident_id,
-        limit=limit,
-    )
-    return [_audit_out(r, job) for r in rows]
-
-
-@router.get("/audit", response_model=list[AuditOut], dependencies=READ)
-def list_global_audit(
-    session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 200
-) -> Any:
-    """Audit entries tied to no job: changes to the defaults, policies set for jobs that
-    had not reported yet."""
-    rows = service.list_audit(session=session, job_id=None, limit=limit)
-    return [_audit_out(r, None) for r in rows]

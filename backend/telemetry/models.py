@@ -50,10 +50,14 @@ class StepRecord(Base):
 # Bin widths (steps) of the step rollups, finest first; each divides the next.
 ROLLUP_WIDTHS = (16, 64, 256, 1024, 4096)
 
+# A loss counts as finite where ``-FINITE <= loss <= FINITE``: NaN and ±Inf don't (NaN is
+# text on SQLite and above every number on Postgres, so ``BETWEEN`` leaves it out on both).
+FINITE = 1e300
+
 
 class StepRollup(Base):
     """A downsampling pyramid of ``steps``: one row per (job, level, step bin, rank),
-    kept by ingest in the transaction that stores the steps (``backend.ingest.service``).
+    kept by ingest in the transaction that stores the steps (``backend.telemetry.rollups``).
     Level ``i`` bins steps ``bin × w … bin × w + w − 1`` with ``w = ROLLUP_WIDTHS[i]``, so
     a chart over 10⁷ step rows reads 10⁴–10⁵ rollup rows instead::
 
@@ -70,7 +74,7 @@ class StepRollup(Base):
     n: Mapped[int] = mapped_column(Integer)  # step rows
     sum_duration: Mapped[float] = mapped_column(Double)
     max_duration: Mapped[float] = mapped_column(Double)
-    sum_compute: Mapped[float] = mapped_column(Double)  # duration_s − comm_s (or 0)
+    sum_compute: Mapped[float] = mapped_column(Double)  # compute time (telemetry.timing)
     max_compute: Mapped[float] = mapped_column(Double)
     n_loss: Mapped[int] = mapped_column(Integer)  # finite losses
     sum_loss: Mapped[float] = mapped_column(Double)

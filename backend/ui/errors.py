@@ -3,6 +3,7 @@
 router = APIRouter(route_class=PageRoute)
 raise PageError(404, "No job named 'x'.")        # → error.html with status 404
 raise LoginRequired("/login?next=%2Fjobs%2Fx")   # → 303 to the login page
+raise NotFound("job 'x' not found")              # a service's domain error: the same page
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
+from backend.errors import DomainError
 from frontend import TEMPLATES_DIR
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))  # autoescape on for .html
@@ -55,7 +57,8 @@ def error_page(request: Request, status: int, message: str) -> Response:
 
 
 class PageRoute(APIRoute):
-    """Renders ``PageError`` and ``LoginRequired`` raised by a handler or its dependencies."""
+    """Renders ``PageError``, ``LoginRequired`` and ``DomainError`` raised by a handler or
+    its dependencies (the REST API's central handler answers domain errors with JSON)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -67,5 +70,8 @@ class PageRoute(APIRoute):
                 return RedirectResponse(exc.location, status_code=303)
             except PageError as exc:
                 return error_page(request, exc.status, exc.message)
+            except DomainError as exc:
+                message = exc.detail if isinstance(exc.detail, str) else str(exc)
+                return error_page(request, exc.status, message)
 
         return wrapped

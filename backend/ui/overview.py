@@ -2,13 +2,14 @@
 incident with its evidence and actions.
 
     jobs_overview(session=s)        # [{"name", "last_step", "open": {"critical": 1, …}, …}]
-    evidence_chart(session=s, incident=row)   # named ranks' compute time vs the median
+    alerts(session=s)               # (open incidents, recently resolved)
+
+Chart data comes from ``backend.telemetry`` (queries and JSON routes).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from typing import Any
 
 from sqlalchemy import func, select
@@ -18,12 +19,8 @@ from backend.actions.models import Action
 from backend.incidents.models import SEVERITIES, Incident
 from backend.jobs import service as jobs
 from backend.jobs.models import Job
-from backend.telemetry.models import StepRecord
-from backend.ui.data import Extent, compute_time, num
+from backend.telemetry.queries import median_recent_step_s
 
-RECENT_STEPS = 200
-EVIDENCE_ROWS = 100_000  # rows the evidence chart may read around the first step
-EVIDENCE_RANKS = 8  # named ranks drawn
 OPEN_LIMIT = 1000  # open incidents listed on the alerts page
 
 
@@ -46,13 +43,7 @@ def jobs_overview(*, session: Session) -> list[dict[str, Any]]:
         row["worst"] = next(
             (s for s in reversed(SEVERITIES) if row["open"][s]), "ok" if row["last_step"] else ""
         )
-        recent = session.scalars(
-            select(StepRecord.duration_s)
-            .where(StepRecord.job_id == job_id)
-            .order_by(StepRecord.step.desc())
-            .limit(RECENT_STEPS)
-        ).all()
-        row["step_time_median_s"] = statistics.median(recent) if recent else None
+        row["step_time_median_s"] = median_recent_step_s(session=session, job_id=job_id)
     return rows
 
 
@@ -95,37 +86,3 @@ def evidence_rows(evidence: dict[str, Any], prefix: str = "") -> list[tuple[str,
 def incident_actions(*, session: Session, incident_id: int) -> list[Action]:
     query = select(Action).where(Action.incident_id == incident_id).order_by(Action.id.desc())
     return list(session.scalars(query))
-
-
-def evidence_chart(*, session: Session, incident: Incident) -> dict[str, Any]:
-    """Compute time per step around the incident's first step: the median over all ranks
-    and each named rank (at most ``EVIDENCE_RANKS``). Reads at most ``EVIDENCE_ROWS`` rows."""
-    ext = Extent.of(session, incident.job_id)
-    named = [int(r) for r in (incident.ranks or [])][:EVIDENCE_RANKS]
-    out: dict[str, Any] = {"step": [], "median": [], "ranks": [], "first_step": None}
-    if ext is None:
-        return out
-    center = ext.last_step if incident.first_step is None else int(incident.first_step)
-    half = max(5, min(100, EVIDENCE_ROWS // (2 * ext.ranks)))
-    lo, hi = max(ext.first_step, center - half), min(ext.last_step, center + half)
-    rows = session.execute(
-        select(StepRecord.step, StepRecord.rank, compute_time()).where(
-            StepRecord.job_id == incident.job_id,
-            StepRecord.step >= lo,
-            StepRecord.step <= hi,
-        )
-    ).all()
-    by_step: dict[int, list[float]] = {}
-    by_rank: dict[int, dict[int, float]] = {r: {} for r in named}
-    for step, rank, value in rows:
-        by_step.setdefault(int(step), []).append(float(value))
-        if rank in by_rank:
-            by_rank[rank][int(step)] = float(value)
-    steps = sorted(by_step)
-    out["step"] = steps
-    out["median"] = [num(statistics.median(by_step[s])) for s in steps]
-    out["ranks"] = [
-        {"rank": r, "compute_s": [num(by_rank[r].get(s)) for s in steps]} for r in named
-    ]
-    out["first_step"] = incident.first_step
-    return out

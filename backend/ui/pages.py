@@ -4,8 +4,8 @@
     /jobs/{job}       charts, ranks, incidents  /settings    receivers, policies, tokens
     /incidents/{id}   evidence and actions      /login       paste an API token
 
-Charts are drawn by the page's script from the JSON endpoints in ``backend.ui.charts``, so
-the HTML itself stays quick to render for any job size.
+Charts are drawn by the page's script from the JSON endpoints in
+``backend.telemetry.views``, so the HTML itself stays quick to render for any job size.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from backend.actions.models import ACTION_KINDS
 from backend.alerts import service as alerts
 from backend.alerts.models import RECEIVER_FORMATS
 from backend.alerts.schemas import WebhookOut
+from backend.audit.service import list_audit
 from backend.auth.models import SCOPES
 from backend.auth.service import list_tokens
 from backend.deps import SessionDep
@@ -29,7 +30,6 @@ from backend.incidents.models import INCIDENT_KINDS
 from backend.incidents.service import get_incident, list_incidents
 from backend.jobs import service as jobs
 from backend.jobs.models import Job
-from backend.recovery.audit import list_audit
 from backend.recovery.models import POLICY_MODES, RecoveryPolicy
 from backend.ui import overview
 from backend.ui.auth import TOKEN_COOKIE, ReadPage, principal, safe_next

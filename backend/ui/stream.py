@@ -34,8 +34,8 @@ from backend.incidents.models import Incident
 from backend.jobs.models import Rank
 from backend.jobs.service import get_job_id
 from backend.telemetry.models import StepRecord
+from backend.telemetry.queries import incident_marks, lowest_rank, num
 from backend.ui.auth import ReadApi
-from backend.ui.data import incident_marks, lowest_rank, num
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 

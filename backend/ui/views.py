@@ -2,7 +2,8 @@
 
 - pages (``backend.ui.pages``) and form posts (``backend.ui.forms``): server-rendered with
   Jinja2, autoescaping on for every template; user text is never marked safe;
-- chart JSON (``backend.ui.charts``) and live updates (``backend.ui.stream``, SSE);
+- live updates (``backend.ui.stream``, SSE); the charts' JSON is the telemetry domain's
+  (``backend.telemetry.views``);
 - ``/static/plotly.min.js``: plotly.js from the installed ``plotly`` package, so the
   dashboard needs nothing from the network.
 
@@ -18,12 +19,11 @@ from importlib import resources
 
 from fastapi import APIRouter, Request, Response
 
-from backend.ui import charts, forms, pages, stream
+from backend.ui import forms, pages, stream
 
 router = APIRouter()
 router.include_router(pages.router)
 router.include_router(forms.router)
-router.include_router(charts.router)
 router.include_router(stream.router)
 
 

@@ -8,11 +8,11 @@ import pytest
 from sqlalchemy import select
 
 from backend.actions.service import create_action, dispatch_for_rank, record_report
+from backend.audit.models import AuditEntry
+from backend.audit.service import list_audit
 from backend.db import utcnow
 from backend.recovery import service
-from backend.recovery.audit import list_audit
 from backend.recovery.facts import job_timing
-from backend.recovery.models import AuditEntry
 from backend.recovery.policies import PolicyError, effective_policy, put_policy
 from backend.telemetry.models import JobEvent
 from tests.backend.recovery.helpers import make_incident, make_job

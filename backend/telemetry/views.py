@@ -1,27 +1,30 @@
-"""The dashboard's JSON: chart data, binned on the server. A `read` token, or the
-dashboard's sign-in cookie (development: open).
+"""The dashboard's chart data, binned on the server. A `read` token, or the dashboard's
+sign-in cookie (development: open).
 
     GET /api/v1/jobs/llama/heatmap?max_ranks=256&max_steps=500   compute time, rank × step
     GET /api/v1/jobs/llama/series?max_steps=1000     step time, loss, peak memory, incidents
     GET /api/v1/jobs/llama/bandwidth?max_steps=500   collective bytes/s per process group
     GET /api/v1/jobs/llama/overview                  current step, goodput, incidents
     GET /api/v1/incidents/12/evidence-chart          named ranks vs the median, around onset
+
+Keys a chart leaves out stay out of its JSON (``response_model_exclude_unset``): ``rollup``
+only where the chart was read from the rollups, bin sizes only where the job has steps.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Query
 
 from backend.deps import SessionDep
+from backend.errors import NotFound
 from backend.goodput.service import job_goodput
 from backend.incidents.service import get_incident
 from backend.jobs import service as jobs
-from backend.ui import data, overview
+from backend.telemetry import queries
+from backend.telemetry.schemas import Bandwidth, EvidenceChart, Heatmap, JobOverview, Series
 from backend.ui.auth import ReadApi
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
@@ -29,27 +32,7 @@ router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 FromStep = Annotated[int | None, Query(ge=0)]
 
 
-def _job_id(session: Session, job: str) -> int:
-    job_id = jobs.get_job_id(session=session, name=job)
-    if job_id is None:
-        raise HTTPException(404, f"job {job!r} not found")
-    return job_id
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON: non-finite floats become null, datetimes ISO strings."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
-
-
-@router.get("/jobs/{job}/heatmap")
+@router.get("/jobs/{job}/heatmap", response_model=Heatmap, response_model_exclude_unset=True)
 def heatmap(
     job: str,
     session: SessionDep,
@@ -59,16 +42,16 @@ def heatmap(
     from_step: FromStep = None,
     to_step: FromStep = None,
     agg: Annotated[Literal["avg", "max"], Query()] = "avg",
-) -> dict[str, Any]:
+) -> Any:
     """Compute time (step − collective wait) per rank bin × step bin, at most
     `max_ranks` × `max_steps` cells, aggregated in the database. `z[i][j]` is rank bin `i`
     (ranks `y[i]`…) and step bin `j` (steps `x[j]`…), null where nothing was reported.
     Above 50,000 step rows it reads the job's rollups (bins of 16 … 4,096 steps per rank,
     `rollup` says which); a job without them is sampled above 600,000 rows, each step bin
     represented by evenly spaced steps (`sampled_steps_per_bin`)."""
-    return data.heatmap(
+    return queries.heatmap(
         session=session,
-        job_id=_job_id(session, job),
+        job_id=jobs.require_job_id(session=session, name=job),
         max_ranks=max_ranks,
         max_steps=max_steps,
         from_step=from_step,
@@ -77,7 +60,7 @@ def heatmap(
     )
 
 
-@router.get("/jobs/{job}/series")
+@router.get("/jobs/{job}/series", response_model=Series, response_model_exclude_unset=True)
 def series(
     job: str,
     session: SessionDep,
@@ -85,19 +68,19 @@ def series(
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     from_step: FromStep = None,
     to_step: FromStep = None,
-) -> dict[str, Any]:
+) -> Any:
     """Step time (mean and max per bin) and loss of the job's lowest rank, peak memory
     over all ranks, and the job's incidents (to mark at their first step)."""
-    return data.series(
+    return queries.series(
         session=session,
-        job_id=_job_id(session, job),
+        job_id=jobs.require_job_id(session=session, name=job),
         max_steps=max_steps,
         from_step=from_step,
         to_step=to_step,
     )
 
 
-@router.get("/jobs/{job}/bandwidth")
+@router.get("/jobs/{job}/bandwidth", response_model=Bandwidth, response_model_exclude_unset=True)
 def bandwidth(
     job: str,
     session: SessionDep,
@@ -105,39 +88,42 @@ def bandwidth(
     max_steps: Annotated[int, Query(ge=1, le=5000)] = 500,
     from_step: FromStep = None,
     to_step: FromStep = None,
-) -> dict[str, Any]:
+) -> Any:
     """Collective bandwidth (bytes ÷ seconds over all ranks and ops) per group and step bin."""
-    return data.bandwidth(
+    return queries.bandwidth(
         session=session,
-        job_id=_job_id(session, job),
+        job_id=jobs.require_job_id(session=session, name=job),
         max_steps=max_steps,
         from_step=from_step,
         to_step=to_step,
     )
 
 
-@router.get("/jobs/{job}/overview")
-def job_overview(job: str, session: SessionDep, _: ReadApi) -> dict[str, Any]:
+@router.get("/jobs/{job}/overview", response_model=JobOverview, response_model_exclude_unset=True)
+def job_overview(job: str, session: SessionDep, _: ReadApi) -> Any:
     """What the dashboard refreshes: current step, goodput, recent incidents."""
     found = jobs.get_job(session=session, name=job)
     if found is None:
-        raise HTTPException(404, f"job {job!r} not found")
-    job_id = _job_id(session, job)
-    out: dict[str, Any] = jsonable(
-        {
-            "job": found,
-            "goodput": job_goodput(session=session, job_id=job_id, now=time.time()),
-            "incidents": data.incident_marks(session=session, job_id=job_id, limit=50),
-        }
-    )
-    return out
+        raise NotFound(f"job {job!r} not found")
+    job_id = jobs.require_job_id(session=session, name=job)
+    return {
+        "job": found,
+        "goodput": job_goodput(session=session, job_id=job_id, now=time.time()),
+        "incidents": queries.incident_marks(session=session, job_id=job_id, limit=50),
+    }
 
 
-@router.get("/incidents/{incident_id}/evidence-chart")
-def evidence_chart(incident_id: int, session: SessionDep, _: ReadApi) -> dict[str, Any]:
+@router.get(
+    "/incidents/{incident_id}/evidence-chart",
+    response_model=EvidenceChart,
+    response_model_exclude_unset=True,
+)
+def evidence_chart(incident_id: int, session: SessionDep, _: ReadApi) -> Any:
     """Compute time per step around the incident's first step: each named rank and the
     median over all ranks."""
     row = get_incident(session=session, incident_id=incident_id)
     if row is None:
-        raise HTTPException(404, f"incident {incident_id} not found")
-    return overview.evidence_chart(session=session, incident=row)
+        raise NotFound(f"incident {incident_id} not found")
+    return queries.evidence_chart(
+        session=session, job_id=row.job_id, ranks=row.ranks or [], first_step=row.first_step
+    )

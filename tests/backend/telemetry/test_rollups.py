@@ -9,9 +9,9 @@ import math
 import pytest
 from sqlalchemy import func, select
 
-from backend.ingest.service import rebuild_rollups
 from backend.jobs.models import Job
 from backend.telemetry.models import ROLLUP_WIDTHS, StepRollup
+from backend.telemetry.rollups import rebuild_rollups
 from tests.conftest import INGEST
 from tests.factories import batch, step
 

@@ -2,12 +2,14 @@
 
     audit(session=session, job_id=7, actor="policy", event="proposed", action_id=12,
           incident_id=40, detail={"kind": "restart"})
+    list_audit(session=session, job_id=7, action_id=12)   # newest first
 
 Actors: ``policy`` (the recovery policy), ``api:<token name>`` (a person over REST),
 ``rank:<n>`` (a rank reporting on an action), ``system`` (periodic sweeps). Events:
 ``created``, ``proposed``, ``approved``, ``cancelled``, ``expired``, ``blocked``,
-``skipped``, ``no_action``, ``policy_set``, and the states ranks report (``acked``,
-``succeeded``, ``failed``).
+``skipped``, ``no_action``, ``error``, ``policy_set``, and the states ranks report
+(``acked``, ``succeeded``, ``failed``). An action's state changes are written by
+:func:`backend.actions.states.transition`, never by hand.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.audit.models import AuditEntry
 from backend.db import utcnow
-from backend.recovery.models import AuditEntry
 
 
 def audit(
@@ -33,6 +35,7 @@ def audit(
     detail: dict[str, Any] | None = None,
     at: datetime | None = None,
 ) -> AuditEntry:
+    """Append one entry (``actor`` and ``event`` are cut to their column widths)."""
     entry = AuditEntry(
         job_id=job_id,
         action_id=action_id,

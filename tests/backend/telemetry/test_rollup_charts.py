@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend.jobs import service as jobs
-from backend.ui import data
+from backend.telemetry import binning, queries
 from tests.frontend.helpers import JOB, ingest_job
 
 
@@ -21,7 +21,7 @@ def job_id(client, session):  # type: ignore[no-untyped-def]
 def both(monkeypatch, read):  # type: ignore[no-untyped-def]
     """``read()`` from the raw rows, then from the rollups."""
     raw = read()
-    monkeypatch.setattr(data, "RAW_BUDGET", 0)
+    monkeypatch.setattr(binning, "RAW_BUDGET", 0)
     return raw, read()
 
 
@@ -29,7 +29,7 @@ def both(monkeypatch, read):  # type: ignore[no-untyped-def]
 def test_heatmap_from_rollups_equals_raw(session, job_id, monkeypatch, agg):
     raw, rolled = both(
         monkeypatch,
-        lambda: data.heatmap(session=session, job_id=job_id, max_ranks=2, max_steps=8, agg=agg),
+        lambda: queries.heatmap(session=session, job_id=job_id, max_ranks=2, max_steps=8, agg=agg),
     )
     assert rolled["rollup"] == 16 and "rollup" not in raw
     assert (rolled["x"], rolled["y"], rolled["step_bin"]) == (raw["x"], raw["y"], raw["step_bin"])
@@ -39,7 +39,7 @@ def test_heatmap_from_rollups_equals_raw(session, job_id, monkeypatch, agg):
 
 def test_series_and_memory_from_rollups_equal_raw(session, job_id, monkeypatch):
     raw, rolled = both(
-        monkeypatch, lambda: data.series(session=session, job_id=job_id, max_steps=4)
+        monkeypatch, lambda: queries.series(session=session, job_id=job_id, max_steps=4)
     )
     assert (rolled["rollup"], rolled["step_bin"]) == (16, 32)
     assert rolled["step"] == raw["step"] == [0, 32, 64, 96]
@@ -50,8 +50,8 @@ def test_series_and_memory_from_rollups_equal_raw(session, job_id, monkeypatch):
 
 
 def test_straggler_stands_out_in_rollups(session, job_id, monkeypatch):
-    monkeypatch.setattr(data, "RAW_BUDGET", 0)
-    out = data.heatmap(session=session, job_id=job_id, max_ranks=4, max_steps=12)
+    monkeypatch.setattr(binning, "RAW_BUDGET", 0)
+    out = queries.heatmap(session=session, job_id=job_id, max_ranks=4, max_steps=12)
     assert out["rollup"] == 16 and out["sampled_steps_per_bin"] is None
     late = [row[-1] for row in out["z"]]
     assert max(range(4), key=lambda r: late[r]) == 2
@@ -64,7 +64,7 @@ def test_steps_stored_from_rollups(session, job_id):
 
 def test_bandwidth_from_rollups_equals_raw(session, job_id, monkeypatch):
     raw, rolled = both(
-        monkeypatch, lambda: data.bandwidth(session=session, job_id=job_id, max_steps=4)
+        monkeypatch, lambda: queries.bandwidth(session=session, job_id=job_id, max_steps=4)
     )
     assert rolled["rollup"] == 16 and rolled["step_bin"] == raw["step_bin"] == 32
     assert [g["group"] for g in rolled["groups"]] == [g["group"] for g in raw["groups"]] == ["dp"]

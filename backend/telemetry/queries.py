@@ -1,48 +1,59 @@
-"""The numbers behind the dashboard's charts, aggregated in SQL.
-
-A job of 1,024 ranks × 10,000 steps has 10⁷ step rows; nothing here loads them into
-Python. Steps are binned (``GROUP BY (step - lo) / width``) and, above ``ROW_BUDGET`` rows,
-each step bin is represented by a few evenly spaced steps read through the
-``(job_id, step, rank)`` index, so a chart costs about the same for any job size:
+"""The numbers behind the dashboard's charts, aggregated in SQL (steps binned as
+``backend.telemetry.binning`` plans), returned as JSON-ready dicts whose shapes
+``backend.telemetry.schemas`` documents.
 
     heatmap(session=s, job_id=7, max_ranks=256, max_steps=500)
     # {"x": [0, 20, …], "y": [0, 4, …], "z": [[0.31, …], …], "step_bin": 20, "rank_bin": 4,
     #  "sampled_steps_per_bin": 1, …}
+    series(session=s, job_id=7)        # step time, loss, peak memory, incident marks
+    bandwidth(session=s, job_id=7)     # collective bytes/s per process group
+    evidence_chart(session=s, job_id=7, ranks=[3], first_step=1200)
 
-Series of the whole job (step time, loss) come from its lowest reporting rank through the
-``(job_id, rank, step)`` index: in synchronous training every rank has that timeline.
-
-Charts over more than ``RAW_BUDGET`` step rows read ``step_rollups`` instead (sums per
-rank and bin of 16 … 4,096 steps, kept by ingest): the finest level whose bins in range,
-times the ranks, fit ``ROLLUP_BUDGET``, its bins merged to at most the bins asked. Every
-step counts (no sampling); a bin's edges are the level's, so a range's first and last bin
-may hold a few steps outside it. Jobs without rollups (rows written around ingest) fall
-back to the sampled rows.
+Compute time is ``compute_time_sql()`` (``backend.telemetry.timing``), the definition the
+detectors share. Series of the whole job (step time, loss) come from its lowest reporting
+rank through the ``(job_id, rank, step)`` index: in synchronous training every rank has
+that timeline.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
+from backend.incidents.service import list_incidents
+from backend.telemetry.binning import Bins, Extent, Rollup, step_range
 from backend.telemetry.models import (
-    ROLLUP_WIDTHS,
+    FINITE,
     CollectiveRecord,
     CollectiveRollup,
     StepRecord,
     StepRollup,
 )
+from backend.telemetry.timing import compute_time_sql
 
-ROW_BUDGET = 600_000  # rows one chart query may aggregate before it samples steps
-RAW_BUDGET = 50_000  # step rows a chart reads before it reads the job's rollups instead
-ROLLUP_BUDGET = 60_000  # rollup rows one chart query may aggregate
-MAX_SAMPLED_STEPS = 5_000  # longest list of sampled steps sent to the database
-FINITE = 1e300  # |x| below this is finite; NaN (text on SQLite, > all on Postgres) is not
+RECENT_STEP_ROWS = 200  # step rows behind "median recent step time"
+EVIDENCE_ROWS = 100_000  # rows the evidence chart may read around the first step
+EVIDENCE_RANKS = 8  # named ranks drawn
+
+
+def median_recent_step_s(
+    *, session: Session, job_id: int, rows: int = RECENT_STEP_ROWS
+) -> float | None:
+    """The median of the job's last ``rows`` step rows (any rank): what the jobs list and
+    the job API show as its step time. ``None`` before the first step."""
+    recent = session.scalars(
+        select(StepRecord.duration_s)
+        .where(StepRecord.job_id == job_id)
+        .order_by(StepRecord.step.desc())
+        .limit(rows)
+    ).all()
+    return statistics.median(recent) if recent else None
 
 
 def num(value: Any, digits: int = 6) -> float | None:
@@ -51,148 +62,6 @@ def num(value: Any, digits: int = 6) -> float | None:
         return None
     out = float(value)
     return round(out, digits) if math.isfinite(out) else None
-
-
-@dataclass(frozen=True)
-class Extent:
-    first_step: int
-    last_step: int
-    ranks: int  # highest rank + 1
-
-    @classmethod
-    def of(cls, session: Session, job_id: int) -> Extent | None:
-        """The job's step range and rank count, from index ends (no scan)."""
-        row = session.execute(
-            select(func.min(StepRecord.step), func.max(StepRecord.step)).where(
-                StepRecord.job_id == job_id
-            )
-        ).one()
-        if row[0] is None:
-            return None
-        top = session.scalar(select(func.max(StepRecord.rank)).where(StepRecord.job_id == job_id))
-        return cls(int(row[0]), int(row[1]), int(top or 0) + 1)
-
-
-@dataclass(frozen=True)
-class Bins:
-    """Steps ``lo..hi`` in bins of ``width``; ``sample`` lists the steps read, or None (all)."""
-
-    lo: int
-    hi: int
-    width: int
-    count: int
-    sample: list[int] | None
-
-    @classmethod
-    def plan(cls, lo: int, hi: int, max_bins: int, ranks: int, budget: int | None = None) -> Bins:
-        """At most ``max_bins`` bins; sampled when ``ranks`` × steps exceeds ``budget``."""
-        budget = ROW_BUDGET if budget is None else budget
-        # One sampled step per bin must fit the budget: very many ranks get fewer bins.
-        max_bins = max(1, min(max_bins, budget // max(1, ranks)))
-        width = max(1, math.ceil((hi - lo + 1) / max_bins))
-        count = math.ceil((hi - lo + 1) / width)
-        sample = None
-        if ranks * (hi - lo + 1) > budget:
-            per_bin = max(1, min(budget // max(1, ranks * count), MAX_SAMPLED_STEPS // count))
-            if per_bin < width:
-                sample = sorted(
-                    {
-                        lo + b * width + (j * width) // per_bin
-                        for b in range(count)
-                        for j in range(per_bin)
-                        if lo + b * width + (j * width) // per_bin <= hi
-                    }
-                )
-        return cls(lo, hi, width, count, sample)
-
-    def where(self, query: Select[Any], column: Any) -> Select[Any]:
-        query = query.where(column >= self.lo, column <= self.hi)
-        return query.where(column.in_(self.sample)) if self.sample is not None else query
-
-    def index(self, column: Any) -> Any:
-        return ((column - self.lo) // self.width).label("bin")
-
-    def start(self, index: int) -> int:
-        return self.lo + index * self.width
-
-    def describe(self) -> dict[str, Any]:
-        per_bin = None if self.sample is None else math.ceil(len(self.sample) / self.count)
-        return {"step_bin": self.width, "sampled_steps_per_bin": per_bin}
-
-
-@dataclass(frozen=True)
-class Rollup:
-    """Bins of ``factor`` consecutive rollup bins of ``level`` (``level_width`` steps each);
-    bin 0 starts at step ``lo``. Same interface as ``Bins`` over ``StepRollup`` rows."""
-
-    level: int
-    level_width: int
-    first: int  # rollup bins first..last are read
-    last: int
-    factor: int
-    count: int
-
-    @classmethod
-    def plan(
-        cls, session: Session, job_id: int, lo: int, hi: int, max_bins: int, ranks: int
-    ) -> Rollup | None:
-        """``None`` where raw rows are cheap enough (or the job has no rollups)."""
-        if ranks * (hi - lo + 1) <= RAW_BUDGET or not has_rollups(session, job_id):
-            return None
-        level = next(
-            (
-                i
-                for i, w in enumerate(ROLLUP_WIDTHS)
-                if (hi // w - lo // w + 1) * ranks <= ROLLUP_BUDGET
-            ),
-            len(ROLLUP_WIDTHS) - 1,
-        )
-        width = ROLLUP_WIDTHS[level]
-        first, last = lo // width, hi // width
-        factor = max(1, math.ceil((last - first + 1) / max(1, max_bins)))
-        return cls(level, width, first, last, factor, math.ceil((last - first + 1) / factor))
-
-    @property
-    def lo(self) -> int:
-        return self.first * self.level_width
-
-    @property
-    def width(self) -> int:
-        return self.level_width * self.factor
-
-    def where(self, query: Select[Any], job_id: int) -> Select[Any]:
-        r = StepRollup
-        return query.where(
-            r.job_id == job_id, r.level == self.level, r.bin >= self.first, r.bin <= self.last
-        )
-
-    def index(self) -> Any:
-        return ((StepRollup.bin - self.first) // self.factor).label("bin")
-
-    def start(self, index: int) -> int:
-        return self.lo + index * self.width
-
-    def describe(self) -> dict[str, Any]:
-        return {"step_bin": self.width, "sampled_steps_per_bin": None, "rollup": self.level_width}
-
-
-def has_rollups(session: Session, job_id: int) -> bool:
-    """Whether ingest keeps rollups of the job's steps (one row of the coarsest level)."""
-    query = select(StepRollup.n).where(
-        StepRollup.job_id == job_id, StepRollup.level == len(ROLLUP_WIDTHS) - 1
-    )
-    return session.execute(query.limit(1)).first() is not None
-
-
-def _range(ext: Extent, from_step: int | None, to_step: int | None) -> tuple[int, int]:
-    lo = ext.first_step if from_step is None else max(from_step, ext.first_step)
-    hi = ext.last_step if to_step is None else min(to_step, ext.last_step)
-    return lo, max(lo, hi)
-
-
-def compute_time() -> Any:
-    """Step time minus collective wait; the step time when the wait is unknown."""
-    return StepRecord.duration_s - func.coalesce(StepRecord.comm_s, 0.0)
 
 
 def heatmap(
@@ -210,7 +79,7 @@ def heatmap(
     ext = Extent.of(session, job_id)
     if ext is None:
         return {"x": [], "y": [], "z": [], "step_bin": 1, "rank_bin": 1, "value": "compute_s"}
-    lo, hi = _range(ext, from_step, to_step)
+    lo, hi = step_range(ext, from_step, to_step)
     rank_width = max(1, math.ceil(ext.ranks / max(1, max_ranks)))
     rank_count = math.ceil(ext.ranks / rank_width)
     bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ext.ranks)
@@ -224,7 +93,9 @@ def heatmap(
         fn = func.max if agg == "max" else func.avg
         step_bin = bins.index(StepRecord.step)
         rank_bin = (StepRecord.rank // rank_width).label("rank_bin")
-        query = select(step_bin, rank_bin, fn(compute_time())).where(StepRecord.job_id == job_id)
+        query = select(step_bin, rank_bin, fn(compute_time_sql())).where(
+            StepRecord.job_id == job_id
+        )
         query = bins.where(query, StepRecord.step)
     query = query.group_by(step_bin, rank_bin)
     z: list[list[float | None]] = [[None] * bins.count for _ in range(rank_count)]
@@ -274,7 +145,7 @@ def series(
     rank = lowest_rank(session, job_id)
     if ext is None or rank is None:
         return out
-    lo, hi = _range(ext, from_step, to_step)
+    lo, hi = step_range(ext, from_step, to_step)
     bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ranks=1)
     if isinstance(bins, Rollup):
         r = StepRollup
@@ -362,7 +233,7 @@ def bandwidth(
     ext = Extent.of(session, job_id)
     if ext is None:
         return {"groups": []}
-    lo, hi = _range(ext, from_step, to_step)
+    lo, hi = step_range(ext, from_step, to_step)
     groups: dict[str, dict[str, list[Any]]] = {}
     # Big jobs read the collective rollups (about two groups per rank, hence 2 × ranks).
     plan = Rollup.plan(session, job_id, lo, hi, max_steps, 2 * ext.ranks)
@@ -401,14 +272,49 @@ def bandwidth(
     }
 
 
+def evidence_chart(
+    *, session: Session, job_id: int, ranks: Iterable[int], first_step: int | None
+) -> dict[str, Any]:
+    """Compute time per step around ``first_step`` (the job's last step if ``None``): the
+    median over all ranks and each of ``ranks`` (at most ``EVIDENCE_RANKS``). Reads at most
+    ``EVIDENCE_ROWS`` rows."""
+    ext = Extent.of(session, job_id)
+    named = [int(r) for r in ranks][:EVIDENCE_RANKS]
+    out: dict[str, Any] = {"step": [], "median": [], "ranks": [], "first_step": None}
+    if ext is None:
+        return out
+    center = ext.last_step if first_step is None else int(first_step)
+    half = max(5, min(100, EVIDENCE_ROWS // (2 * ext.ranks)))
+    lo, hi = max(ext.first_step, center - half), min(ext.last_step, center + half)
+    rows = session.execute(
+        select(StepRecord.step, StepRecord.rank, compute_time_sql()).where(
+            StepRecord.job_id == job_id,
+            StepRecord.step >= lo,
+            StepRecord.step <= hi,
+        )
+    ).all()
+    by_step: dict[int, list[float]] = {}
+    by_rank: dict[int, dict[int, float]] = {r: {} for r in named}
+    for step, rank, value in rows:
+        by_step.setdefault(int(step), []).append(float(value))
+        if rank in by_rank:
+            by_rank[rank][int(step)] = float(value)
+    steps = sorted(by_step)
+    out["step"] = steps
+    out["median"] = [num(statistics.median(by_step[s])) for s in steps]
+    out["ranks"] = [
+        {"rank": r, "compute_s": [num(by_rank[r].get(s)) for s in steps]} for r in named
+    ]
+    out["first_step"] = first_step
+    return out
+
+
 def incident_marks(*, session: Session, job_id: int, limit: int = 200) -> list[dict[str, Any]]:
-    rows = session.scalars(
-        select(Incident).where(Incident.job_id == job_id).order_by(Incident.id.desc()).limit(limit)
-    )
-    return [incident_brief(r) for r in rows]
+    """The job's newest incidents, as the charts mark them at their first step."""
+    return [_mark(row) for row in list_incidents(session=session, job_id=job_id, limit=limit)]
 
 
-def incident_brief(row: Incident) -> dict[str, Any]:
+def _mark(row: Incident) -> dict[str, Any]:
     return {
         "id": row.id,
         "kind": row.kind,

@@ -1,10 +1,21 @@
-"""What follows a detection run, in the run's own transaction: alerts and recovery.
+"""What follows a change in incidents, in the same transaction: alerts and recovery.
 
-Detection opened or resolved incidents; in the same transaction (so neither can be lost
-without the other) the alert outbox gets a delivery per receiver and state change, and the
-recovery policy proposes or creates actions for newly opened incidents. Sending happens
-after the commit, off the detection path: a webhook receiver that is down never slows
-detection (:func:`after_commit`).
+Detection opened or resolved incidents (``backend.incidents.service.apply_findings``); in
+the same transaction, so neither can be lost without the other:
+
+- the alert outbox gets a delivery per receiver and state change
+  (``backend.alerts.service.notify_changes``);
+- the recovery policy proposes or creates an action for each newly opened incident
+  (``backend.recovery.service.respond``).
+
+Sending the deliveries happens after the commit, off the detection path
+(``backend.alerts.tasks.queue_deliveries``): a webhook receiver that is down never slows
+detection.
+
+    changes = runner.detect_job(session=session, job_id=7)
+    delivery_ids = follow_up(session=session, changes=changes, settings=settings)
+    session.commit()
+    queue_deliveries(delivery_ids)
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from backend.settings import Settings
 log = logging.getLogger("backend.incidents")
 
 
-def react(*, session: Session, changes: Changes, settings: Settings) -> list[int]:
+def follow_up(*, session: Session, changes: Changes, settings: Settings) -> list[int]:
     """Queue notifications and apply the recovery policy; returns the new delivery ids."""
     if not (changes.opened or changes.resolved):
         return []
@@ -49,22 +60,3 @@ def react(*, session: Session, changes: Changes, settings: Settings) -> list[int
         )
     session.flush()
     return [d.id for d in deliveries]
-
-
-def after_commit(delivery_ids: list[int]) -> None:
-    """Hand committed deliveries to the sender: a task each (distributed) or a nudge to
-    the in-process sender thread (embedded)."""
-    if not delivery_ids:
-        return
-    from backend.alerts.tasks import send_notification
-    from backend.celery_app import runtime
-
-    rt = runtime()
-    if rt.redis is None:
-        rt.wake_sender()
-        return
-    for delivery_id in delivery_ids:
-        try:
-            send_notification.delay(delivery_id)
-        except Exception:  # the periodic send_due picks it up
-            log.warning("could not queue delivery %s; the periodic sender will", delivery_id)

@@ -1,0 +1,1 @@
+"""The audit trail: who or what did what to a job's recovery, one append-only row each."""

@@ -1,0 +1,191 @@
+"""What one detection run sees of a job: typed arrays, built once per run by the backend.
+
+A run fills the parts it has; a detector declares the parts it needs
+(:mod:`detectors.registry`) and runs only when they are there:
+
+- ``steps``: the last S steps of the job's current attempt as rank × step arrays, NaN where
+  a rank did not report (a *detection run*, after new data arrives);
+- ``collectives``: per-step collective aggregates over those steps (same run);
+- ``liveness``: each rank's latest state, the clock and recent step times (a *sweep*, on a
+  timer: hangs and crashes show as the absence of data).
+
+    >>> import numpy as np
+    >>> steps = StepWindow.from_arrays(steps=[10, 11], ranks=[0, 1],
+    ...                                step_time=[[0.3, 0.3], [0.3, 0.9]])
+    >>> steps.world_size, steps.has_comm
+    (2, False)
+    >>> Window(steps=steps).parts
+    frozenset({'steps'})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
+
+PARTS = ("steps", "collectives", "liveness")
+
+
+@dataclass(frozen=True)
+class Inflight:
+    """The operation a rank is blocked in: the oldest it has not finished.
+
+    ``since`` is when the rank entered it (wall-clock seconds). ``peer`` is the global rank on
+    the other side of a point-to-point op (send/recv); ``None`` for a collective.
+    """
+
+    group: str
+    op: str
+    seq: int
+    since: float
+    peer: int | None = None
+
+
+@dataclass(frozen=True)
+class RankState:
+    """The latest the backend knows of one rank.
+
+    ``last_step`` is the last step the rank finished, at ``last_step_ts``; ``current_step`` the
+    step its latest heartbeat says it is in (``None``: ``last_step + 1``).
+    ``last_heartbeat_ts`` is the latest time anything arrived from the rank.
+    """
+
+    rank: int
+    last_step: int | None
+    current_step: int | None
+    last_step_ts: float | None
+    last_heartbeat_ts: float
+    inflight: Inflight | None = None
+
+    @property
+    def step_in_progress(self) -> int | None:
+        if self.current_step is not None:
+            return self.current_step
+        return None if self.last_step is None else self.last_step + 1
+
+    @property
+    def last_seen_ts(self) -> float:
+        """A finished step is a sign of life too."""
+        if self.last_step_ts is None:
+            return self.last_heartbeat_ts
+        return max(self.last_heartbeat_ts, self.last_step_ts)
+
+
+def _grid(values: npt.ArrayLike | None, shape: tuple[int, int]) -> FloatArray:
+    if values is None:
+        return np.full(shape, np.nan)
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != shape:
+        raise ValueError(f"expected a {shape} rank × step array, got {out.shape}")
+    return out
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Rank × step arrays of the job's recent steps (rows: ``ranks``, columns: ``steps``)."""
+
+    steps: IntArray  # (S,)
+    ranks: IntArray  # (R,)
+    step_time: FloatArray  # (R, S) seconds
+    comm_time: FloatArray  # time waiting in collectives
+    data_time: FloatArray  # time waiting for the data loader
+    loss: FloatArray
+    grad_norm: FloatArray
+    mem_bytes: FloatArray  # peak device memory (or process RSS) per step
+    # A NaN loss is data; a missing one is not. These say which cells were sent.
+    loss_reported: BoolArray
+    grad_reported: BoolArray
+    world_size: int
+    # Device memory per rank, (R,) bytes; None until ranks report it.
+    mem_capacity: FloatArray | None = None
+
+    @property
+    def has_comm(self) -> bool:
+        return bool(np.isfinite(self.comm_time).any())
+
+    @classmethod
+    def from_arrays(
+        cls,
+        *,
+        steps: npt.ArrayLike,
+        ranks: npt.ArrayLike,
+        step_time: npt.ArrayLike,
+        comm_time: npt.ArrayLike | None = None,
+        data_time: npt.ArrayLike | None = None,
+        loss: npt.ArrayLike | None = None,
+        grad_norm: npt.ArrayLike | None = None,
+        mem_bytes: npt.ArrayLike | None = None,
+        world_size: int | None = None,
+        mem_capacity: npt.ArrayLike | None = None,
+    ) -> StepWindow:
+        """Build a window from plain arrays (tests, replays); missing series are NaN."""
+        step_ids = np.asarray(steps, dtype=np.int64).reshape(-1)
+        rank_ids = np.asarray(ranks, dtype=np.int64).reshape(-1)
+        shape = (rank_ids.size, step_ids.size)
+        loss_grid, grad_grid = _grid(loss, shape), _grid(grad_norm, shape)
+        unsent = np.zeros(shape, dtype=bool)
+        return cls(
+            steps=step_ids,
+            ranks=rank_ids,
+            step_time=_grid(step_time, shape),
+            comm_time=_grid(comm_time, shape),
+            data_time=_grid(data_time, shape),
+            loss=loss_grid,
+            grad_norm=grad_grid,
+            mem_bytes=_grid(mem_bytes, shape),
+            loss_reported=unsent.copy() if loss is None else ~np.isnan(loss_grid),
+            grad_reported=unsent if grad_norm is None else ~np.isnan(grad_grid),
+            world_size=world_size
+            if world_size is not None
+            else int(rank_ids.max()) + 1
+            if rank_ids.size
+            else 0,
+            mem_capacity=None
+            if mem_capacity is None
+            else np.broadcast_to(np.asarray(mem_capacity, dtype=np.float64), (rank_ids.size,)),
+        )
+
+
+@dataclass(frozen=True)
+class CollectiveWindow:
+    """Per-step collective aggregates, one entry per (rank, step, group, op)."""
+
+    rank: IntArray
+    step: IntArray
+    group: np.ndarray[Any, np.dtype[np.str_]]
+    op: np.ndarray[Any, np.dtype[np.str_]]
+    nbytes: FloatArray
+    duration_s: FloatArray
+    members: Mapping[str, Sequence[int]]  # process group → its global ranks
+
+
+@dataclass(frozen=True)
+class LivenessWindow:
+    """The latest state of every rank that has not said goodbye, at time ``now``."""
+
+    states: Sequence[RankState]
+    now: float
+    step_durations: FloatArray  # the job's recent step times, to learn the hang timeout
+    groups: Mapping[str, Sequence[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One run's view of a job; the parts it lacks are None."""
+
+    steps: StepWindow | None = None
+    collectives: CollectiveWindow | None = None
+    liveness: LivenessWindow | None = None
+
+    @property
+    def parts(self) -> frozenset[str]:
+        """The parts this window has."""
+        return frozenset(p for p in PARTS if getattr(self, p) is not None)
