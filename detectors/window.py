@@ -7,7 +7,9 @@ A run fills the parts it has; a detector declares the parts it needs
   a rank did not report (a *detection run*, after new data arrives);
 - ``collectives``: per-step collective aggregates over those steps (same run);
 - ``liveness``: each rank's latest state, the clock and recent step times (a *sweep*, on a
-  timer: hangs and crashes show as the absence of data).
+  timer: hangs and crashes show as the absence of data);
+- ``serving``: a serving job's per-minute request rollups, per SLO and per replica (a
+  *serving run*, after new request records and on a timer: burn rates move with the clock).
 
     >>> import numpy as np
     >>> steps = StepWindow.from_arrays(steps=[10, 11], ranks=[0, 1],
@@ -31,7 +33,7 @@ FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
-PARTS = ("steps", "collectives", "liveness")
+PARTS = ("steps", "collectives", "liveness", "serving")
 
 
 @dataclass(frozen=True)
@@ -178,12 +180,46 @@ class LivenessWindow:
 
 
 @dataclass(frozen=True)
+class SloSeries:
+    """One SLO's per-minute counts over the window's minutes: requests judged (finished in
+    that minute) and those that met every threshold of the SLO."""
+
+    slo_id: int
+    name: str
+    objective: float  # e.g. 0.99: the fraction of requests that must be good
+    period_s: float  # the SLO period (e.g. 28 days): burn-rate windows scale with it
+    total: FloatArray  # (M,)
+    good: FloatArray  # (M,)
+
+
+@dataclass(frozen=True)
+class ServingWindow:
+    """A serving job's recent minutes: columns are consecutive epoch minutes ending at
+    ``now_minute`` (the current, partial minute); per-replica arrays are (P, M)."""
+
+    now: float  # seconds since the epoch
+    minutes: IntArray  # (M,) epoch minutes (seconds // 60), consecutive
+    slos: Sequence[SloSeries]
+    replicas: tuple[str, ...]  # (P,)
+    requests: FloatArray  # (P, M) requests finished in the minute
+    errors: FloatArray  # (P, M) of which errored or were rejected
+    ttft_sum: FloatArray  # (P, M) sum of TTFT (s) over requests with a first token
+    ttft_n: FloatArray
+    tpot_sum: FloatArray  # (P, M) sum of TPOT (s) over requests with ≥ 2 output tokens
+    tpot_n: FloatArray
+    queue_sum: FloatArray  # (P, M) sum of queue_s over requests that reported it
+    queue_n: FloatArray
+    arrivals: FloatArray  # (P, M) requests that *arrived* in the minute (of those reported)
+
+
+@dataclass(frozen=True)
 class Window:
     """One run's view of a job; the parts it lacks are None."""
 
     steps: StepWindow | None = None
     collectives: CollectiveWindow | None = None
     liveness: LivenessWindow | None = None
+    serving: ServingWindow | None = None
 
     @property
     def parts(self) -> frozenset[str]:
