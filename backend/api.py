@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,9 +35,11 @@ from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
 from backend.ingest.views import router as ingest_router
 from backend.jobs.views import router as jobs_router
-from backend.metrics import REGISTRY
 from backend.recovery.views import router as recovery_router
 from backend.settings import Settings, get_settings
+from backend.slos.views import router as slos_router
+from backend.telemetry.prometheus import exposition
+from backend.telemetry.serving_views import router as serving_router
 from backend.telemetry.views import router as telemetry_router
 from backend.ticker import Ticker
 from backend.ui.views import router as ui_router
@@ -98,9 +100,11 @@ def create_app(
     app.include_router(alerts_router)
     app.include_router(goodput_router)
     app.include_router(recovery_router)
+    app.include_router(slos_router)
     app.include_router(audit_router)
     app.include_router(tokens_router)
     app.include_router(telemetry_router)
+    app.include_router(serving_router)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
 
@@ -123,7 +127,8 @@ def create_app(
 
     @app.get("/metrics", tags=["ops"], include_in_schema=False)
     def metrics() -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        body = exposition(app.state.sessionmaker)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -199,3 +199,20 @@ def bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> Non
         else:
             for row in rows:
                 copy.write_row([row[c] for c in columns])
+
+
+def add_sums(
+    session: Session, model: Any, *, keys: list[str], sums: list[str], rows: list[dict[str, Any]]
+) -> None:
+    """Upsert ``rows`` into a rollup table, adding their ``sums`` columns to a row with the
+    same ``keys`` (or inserting it). Rows are written in key order: one lock order for
+    every writer, so concurrent batches never deadlock."""
+    if not rows:
+        return
+    stmt = insert_for(session, model)
+    table = model.__table__.c
+    stmt = stmt.on_conflict_do_update(
+        index_elements=keys,
+        set_={c: table[c] + getattr(stmt.excluded, c) for c in sums},
+    )
+    session.execute(stmt, sorted(rows, key=lambda r: tuple(r[k] for k in keys)))

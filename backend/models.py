@@ -9,12 +9,14 @@ from backend.incidents.models import Incident
 from backend.ingest.models import IngestBatch
 from backend.jobs.models import Job, Rank
 from backend.recovery.models import RecoveryPolicy
+from backend.slos.models import Slo, SloMinute
 from backend.telemetry.models import (
     CollectiveRecord,
     CollectiveRollup,
     JobEvent,
     MetricPoint,
     OpSequence,
+    ServingMinute,
     ServingRequest,
     StepRecord,
     StepRollup,
@@ -35,7 +37,10 @@ __all__ = [
     "OpSequence",
     "Rank",
     "RecoveryPolicy",
+    "ServingMinute",
     "ServingRequest",
+    "Slo",
+    "SloMinute",
     "StepRecord",
     "StepRollup",
     "WebhookDelivery",

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
+from collector import serving
 from collector.actions import ActionHandler
 from collector.client import Client
 from collector.config import Config
@@ -40,6 +41,7 @@ __all__ = [
     "log",
     "on_action",
     "request",
+    "serving",
     "shutdown",
     "step",
     "wrap_loader",

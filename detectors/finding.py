@@ -29,6 +29,8 @@ KINDS = (
     "opseq_change",
     "memory_pressure",
     "slo_burn",
+    "slow_replica",
+    "queue_buildup",
 )
 
 

@@ -301,8 +301,8 @@ def _detect_window(window: Window) -> list[Finding]:
         now=live.now,
         step_durations=live.step_durations,
         groups=live.groups or None,
-        # Ranks that exit cleanly say so (they are not in ``states``); all going silent
-        # together without a word is a crash (a launcher tearing the group down after one
-        # rank died), not an end.
-        finished=False,
+        # Training ranks that exit cleanly say so (they are not in ``states``); all going
+        # silent together without a word is a crash (a launcher tearing the group down
+        # after one rank died), not an end. Serving replicas make no such promise.
+        finished=False if live.expect_running else None,
     )

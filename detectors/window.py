@@ -177,6 +177,9 @@ class LivenessWindow:
     now: float
     step_durations: FloatArray  # the job's recent step times, to learn the hang timeout
     groups: Mapping[str, Sequence[int]] | None = None
+    # Training ranks run until they say goodbye: all falling silent at once is a crash.
+    # Serving replicas may be scaled away: all falling silent at once is a stop.
+    expect_running: bool = True
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,10 @@ class SloSeries:
     period_s: float  # the SLO period (e.g. 28 days): burn-rate windows scale with it
     total: FloatArray  # (M,)
     good: FloatArray  # (M,)
+    # Requests judged and good over the whole SLO period up to now (for the error budget
+    # left); None: the budget is computed over the window's minutes only.
+    period_total: float | None = None
+    period_good: float | None = None
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ Two kinds of run, told apart only by the window parts they load (``detectors.win
 which detectors run is the registry's business (``detectors.registry``):
 
 - ``detect_job`` after new data: ``steps`` and ``collectives`` (stragglers, numerics,
-  slowdowns, slow links, memory, …);
+  slowdowns, slow links, memory, …), and ``serving`` for serving jobs (burn rates, slow
+  replicas);
 - ``sweep_job`` on a timer: ``liveness`` (hangs and crashes, which show as the *absence*
-  of data).
+  of data), and ``serving`` again: burn rates move with the clock, so a page resolves
+  when its short window recovers even if no request arrives.
 
 Each detector is isolated: one that raises is logged with the job and its name, counted in
 ``vigil_detector_failures_total``, and its incidents are left as they are (neither opened
@@ -17,13 +19,14 @@ and leave commit to the caller.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.db import utcnow
-from backend.detection.window import load_collectives, load_liveness, load_steps
+from backend.detection.window import load_collectives, load_liveness, load_serving, load_steps
 from backend.incidents.service import Changes, apply_findings
 from backend.jobs.models import Job, Rank
 from backend.metrics import DETECTOR_FAILURES
@@ -33,22 +36,29 @@ from detectors.window import Window
 log = logging.getLogger(__name__)
 
 
-def detect_job(*, session: Session, job_id: int, width: int = 200) -> Changes:
-    """The window detectors, over the job's last ``width`` steps."""
+def detect_job(
+    *, session: Session, job_id: int, width: int = 200, now: float | None = None
+) -> Changes:
+    """The window detectors, over the job's last ``width`` steps (and, for a serving
+    job, its recent minutes up to ``now``)."""
+    now = time.time() if now is None else now
+    serving = load_serving(session=session, job_id=job_id, now=now)
     steps = load_steps(session=session, job_id=job_id, width=width)
-    if steps is None:
+    collectives = load_collectives(session=session, job_id=job_id, window=steps) if steps else None
+    window = Window(steps=steps, collectives=collectives, serving=serving)
+    if not window.parts:
         return Changes()
-    collectives = load_collectives(session=session, job_id=job_id, window=steps)
-    return run_window(
-        session=session, job_id=job_id, window=Window(steps=steps, collectives=collectives)
-    )
+    return run_window(session=session, job_id=job_id, window=window)
 
 
 def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:
     """The liveness detectors at time ``now``. With every rank gone (each said goodbye)
     the job ended: nothing hangs or crashed, and open hangs and crashes resolve."""
     liveness = load_liveness(session=session, job_id=job_id, now=now)
-    return run_window(session=session, job_id=job_id, window=Window(liveness=liveness))
+    serving = load_serving(session=session, job_id=job_id, now=now)
+    return run_window(
+        session=session, job_id=job_id, window=Window(liveness=liveness, serving=serving)
+    )
 
 
 def run_window(*, session: Session, job_id: int, window: Window) -> Changes:

@@ -3,7 +3,8 @@
 ``load_steps``: the job's last ``width`` steps of its current restart attempt, pivoted to
 rank × step arrays with NaN where a rank did not report; ``load_collectives``: the
 per-step collective aggregates over those steps; ``load_liveness``: every rank's latest
-state for the hang and crash sweep.
+state for the hang and crash sweep; ``load_serving``: a serving job's per-minute SLO
+counts and per-replica sums.
 """
 
 from __future__ import annotations
@@ -13,8 +14,19 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.jobs.models import Job, Rank
-from backend.telemetry.models import CollectiveRecord, StepRecord
-from detectors.window import CollectiveWindow, Inflight, LivenessWindow, RankState, StepWindow
+from backend.slos.models import Slo
+from backend.slos.service import minute_counts, period_counts
+from backend.telemetry.models import CollectiveRecord, ServingMinute, StepRecord
+from detectors import burn_rate
+from detectors.window import (
+    CollectiveWindow,
+    Inflight,
+    LivenessWindow,
+    RankState,
+    ServingWindow,
+    SloSeries,
+    StepWindow,
+)
 
 STEP_COLUMNS = ("duration_s", "comm_s", "data_s", "loss", "grad_norm", "mem_bytes")
 
@@ -142,7 +154,11 @@ def group_members(*, session: Session, job_id: int, limit: int = 5000) -> dict[s
 
 
 def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindow:
-    """Every rank that has not said goodbye, as the hang detector sees it, at ``now``."""
+    """Every rank that has not said goodbye, as the hang detector sees it, at ``now``.
+    For a serving job only processes that send heartbeats are judged (a replay client
+    shipping request records says nothing about liveness), and all of them falling
+    silent together is a stop, not a crash."""
+    serving = session.scalar(select(Job.kind).where(Job.id == job_id)) == "serving"
     states = [
         RankState(
             rank=r.rank,
@@ -155,7 +171,7 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
             inflight=_inflight(r.inflight),
         )
         for r in rank_states(session=session, job_id=job_id)
-        if not r.exited
+        if not r.exited and (not serving or r.last_heartbeat_ts is not None)
     ]
     durations = recent_step_durations(session=session, job_id=job_id) if states else []
     return LivenessWindow(
@@ -163,6 +179,7 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
         now=now,
         step_durations=np.asarray(durations, dtype=float),
         groups=(group_members(session=session, job_id=job_id) or None) if states else None,
+        expect_running=not serving,
     )
 
 
@@ -178,3 +195,73 @@ def _inflight(raw: dict[str, object] | None) -> Inflight | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
+
+
+SERVING_REPLICA_MINUTES = 60  # how far back the per-replica arrays reach
+
+
+def load_serving(*, session: Session, job_id: int, now: float) -> ServingWindow | None:
+    """A serving job's minutes up to ``now``: per SLO, as far back as its longest burn-rate
+    window; per replica, the last hour (earlier minutes are zeros). None for other jobs."""
+    job = session.execute(select(Job.name, Job.kind).where(Job.id == job_id)).first()
+    if job is None or job.kind != "serving":
+        return None
+    slos = list(session.scalars(select(Slo).where(Slo.job == job.name).order_by(Slo.id)))
+    last = int(now // 60)
+    span = max(
+        [SERVING_REPLICA_MINUTES]
+        + [w.long_minutes for s in slos for w in burn_rate.windows_for(s.period_s)]
+    )
+    first = last - span + 1
+    series = []
+    for slo in slos:
+        counts = minute_counts(session=session, slo_id=slo.id, first_minute=first, last_minute=last)
+        period = period_counts(session=session, slo=slo, now=now)
+        series.append(
+            SloSeries(
+                slo_id=slo.id,
+                name=slo.name,
+                objective=slo.objective,
+                period_s=slo.period_s,
+                total=counts["total"],
+                good=counts["good"],
+                period_total=period[0],
+                period_good=period[1],
+            )
+        )
+    rows = session.execute(
+        select(ServingMinute).where(
+            ServingMinute.job_id == job_id,
+            ServingMinute.minute >= last - SERVING_REPLICA_MINUTES + 1,
+            ServingMinute.minute <= last,
+        )
+    ).scalars()
+    by_replica: dict[str, list[ServingMinute]] = {}
+    for row in rows:
+        by_replica.setdefault(row.replica, []).append(row)
+    replicas = tuple(sorted(by_replica))
+    arrays = {c: np.zeros((len(replicas), span)) for c in _REPLICA_SUMS}
+    for p, replica in enumerate(replicas):
+        for row in by_replica[replica]:
+            for c in _REPLICA_SUMS:
+                arrays[c][p, row.minute - first] = getattr(row, c)
+    return ServingWindow(
+        now=now,
+        minutes=np.arange(first, last + 1, dtype=np.int64),
+        slos=series,
+        replicas=replicas,
+        **arrays,
+    )
+
+
+_REPLICA_SUMS = (
+    "requests",
+    "errors",
+    "ttft_sum",
+    "ttft_n",
+    "tpot_sum",
+    "tpot_n",
+    "queue_sum",
+    "queue_n",
+    "arrivals",
+)

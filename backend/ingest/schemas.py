@@ -17,6 +17,9 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from typing_extensions import TypedDict
 
+from backend.ingest.tokens import MAX_RECORDED as MAX_RECORDED_TOKENS
+from backend.ingest.tokens import TokenTimesError, decode_offsets
+
 MAX_STEP = 2**53 - 1  # the largest integer a JavaScript client reads back exactly
 MAX_RANKS = 1_000_000
 MAX_NAME = 128
@@ -81,7 +84,18 @@ class OpSeqEvent(TypedDict):
     ops: Annotated[list[Any], Field(max_length=200_000)]
 
 
+class TokenTimes(TypedDict):
+    """Output tokens' delivery times, compact (``backend.ingest.tokens`` has the format)."""
+
+    enc: Literal["dv1"]
+    stride: NotRequired[Annotated[int, Field(ge=1, le=2**31 - 1)]]
+    data: Annotated[str, Field(max_length=4 * MAX_RECORDED_TOKENS)]
+
+
 class RequestEvent(TypedDict):
+    """One served request. ``status``: ``ok``, ``error``, ``aborted_by_client`` or
+    ``rejected`` (other values are kept and count as not ``ok``)."""
+
     type: Literal["request"]
     id: Name
     arrival: Seconds
@@ -91,6 +105,10 @@ class RequestEvent(TypedDict):
     output_tokens: NotRequired[Annotated[int, Field(ge=0, le=2**31 - 1)] | None]
     max_tbt_s: NotRequired[Seconds | None]
     status: NotRequired[Annotated[str, Field(min_length=1, max_length=32)]]
+    queue_s: NotRequired[Seconds | None]
+    model: NotRequired[Name | None]
+    replica: NotRequired[Name | None]
+    token_times: NotRequired[TokenTimes | None]
 
 
 class MetricEvent(TypedDict):
@@ -199,7 +217,9 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
 
 
 def check_request_times(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Cross-field checks pydantic cannot express on a TypedDict: request phases in order."""
+    """Cross-field checks pydantic cannot express on a TypedDict: request phases in order,
+    token times that decode and fit the request. A request's decoded token offsets are
+    kept on the event (``_token_offsets``) for ingest."""
     errors: list[dict[str, Any]] = []
     for i, ev in enumerate(events):
         if ev["type"] != "request":
@@ -209,7 +229,27 @@ def check_request_times(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             errors.append(_error(f"events[{i}].first_token", "is before arrival"))
         if end is not None and end < (first if first is not None else arrival):
             errors.append(_error(f"events[{i}].end", "is before first_token/arrival"))
+        if ev.get("token_times") is not None:
+            errors += _check_token_times(ev, f"events[{i}].token_times")
     return errors
+
+
+TOKEN_SLACK_S = 1e-3  # rounding to 100 µs, plus clock jitter between the tokens and `end`
+
+
+def _check_token_times(ev: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    times, first, end = ev["token_times"], ev.get("first_token"), ev.get("end")
+    n = ev.get("output_tokens")
+    if first is None or n is None:
+        return [_error(where, "needs first_token and output_tokens")]
+    try:
+        offsets = decode_offsets(times["data"], stride=times.get("stride", 1), output_tokens=n)
+    except TokenTimesError as exc:
+        return [_error(f"{where}.data", str(exc))]
+    if end is not None and first + offsets[-1] > end + TOKEN_SLACK_S:
+        return [_error(f"{where}.data", f"the last token ({first + offsets[-1]:.6f}) is after end")]
+    ev["_token_offsets"] = offsets
+    return []
 
 
 def _error(field: str, msg: str) -> dict[str, Any]:

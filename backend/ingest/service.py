@@ -5,8 +5,9 @@ Idempotency: the batch row is inserted first with ON CONFLICT DO NOTHING; when i
 exists, the batch is a retry and nothing else is written.
 
 Steps and collectives also go into their bins of the charts' rollups
-(``backend.telemetry.rollups``), in the same transaction; a retried batch writes nothing,
-so nothing is counted twice.
+(``backend.telemetry.rollups``), requests into the serving minutes
+(``backend.telemetry.serving``) and their SLOs' minutes (``backend.slos.service``), in the
+same transaction; a retried batch writes nothing, so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from backend.db import bulk_insert, insert_for, utcnow
 from backend.errors import Conflict
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
+from backend.ingest.tokens import decode_raw
 from backend.jobs.models import Job, Rank
+from backend.slos.service import add_slo_minutes
 from backend.telemetry.models import (
     CollectiveRecord,
     JobEvent,
@@ -33,6 +36,7 @@ from backend.telemetry.models import (
     StepRecord,
 )
 from backend.telemetry.rollups import add_collective_rollups, add_step_rollups
+from backend.telemetry.serving import add_serving_minutes
 
 
 class JobKindConflict(Conflict):
@@ -91,6 +95,8 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
         )
     if requests := by_type.get("request"):
         bulk_insert(session, ServingRequest.__table__, [_request_row(e, base) for e in requests])
+        add_serving_minutes(session=session, job_id=job_id, requests=requests, host=batch.host)
+        add_slo_minutes(session=session, job=batch.job, requests=requests)
     if metrics := by_type.get("metric"):
         bulk_insert(
             session,
@@ -272,6 +278,7 @@ def _collective_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> di
 
 
 def _request_row(e: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    times = e.get("token_times")
     return {
         **base,
         "request_id": e["id"],
@@ -282,4 +289,9 @@ def _request_row(e: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         "output_tokens": e.get("output_tokens"),
         "max_tbt_s": e.get("max_tbt_s"),
         "status": e.get("status", "ok"),
+        "queue_s": e.get("queue_s"),
+        "model": e.get("model"),
+        "replica": e.get("replica"),
+        "token_stride": times.get("stride", 1) if times else None,
+        "token_deltas": decode_raw(times["data"]) if times else None,
     }

@@ -20,6 +20,7 @@ from backend.ingest.schemas import IngestBatch, IngestReply, check_request_times
 from backend.ingest.service import ingest_batch
 from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 from backend.settings import Settings
+from backend.telemetry.prometheus import observe_requests
 
 router = APIRouter(tags=["ingest"])
 
@@ -137,6 +138,8 @@ def _store(request: Request, body: bytes) -> Any:
     scheduler: DetectionScheduler | None = request.app.state.detection_scheduler
     if scheduler is not None and result.counts:
         scheduler.mark(result.job_id)
+    if result.counts.get("request"):
+        observe_requests(batch.job, [e for e in batch.events if e["type"] == "request"])  # type: ignore[misc]
     INGEST_SECONDS.observe(time.perf_counter() - started)
     INGEST_BATCHES.labels("duplicate" if result.duplicate else "stored").inc()
     for kind, n in result.counts.items():

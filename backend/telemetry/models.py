@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     UniqueConstraint,
 )
@@ -151,6 +152,35 @@ class ServingRequest(Base):
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     max_tbt_s: Mapped[float | None] = mapped_column(Double)
     status: Mapped[str] = mapped_column(String(32), default="ok")
+    queue_s: Mapped[float | None] = mapped_column(Double)
+    model: Mapped[str | None] = mapped_column(String(128))
+    replica: Mapped[str | None] = mapped_column(String(128))
+    # Token delivery times, as sent (``dv1``: LEB128 deltas of 100 µs from first_token, of
+    # every ``token_stride``-th token); decoded by ``backend.ingest.tokens``.
+    token_stride: Mapped[int | None] = mapped_column(Integer)
+    token_deltas: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class ServingMinute(Base):
+    """Per-minute sums of a serving job's requests, per replica, kept by ingest: what the
+    serving detectors and the serving page read instead of raw requests. Requests count in
+    the minute they ended (``arrivals`` in the minute they arrived)."""
+
+    __tablename__ = "serving_minutes"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(200), primary_key=True)  # "model/replica"
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch seconds // 60
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    arrivals: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    ttft_sum: Mapped[float] = mapped_column(Double, default=0.0)
+    ttft_n: Mapped[int] = mapped_column(Integer, default=0)
+    tpot_sum: Mapped[float] = mapped_column(Double, default=0.0)
+    tpot_n: Mapped[int] = mapped_column(Integer, default=0)
+    queue_sum: Mapped[float] = mapped_column(Double, default=0.0)
+    queue_n: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class MetricPoint(Base):

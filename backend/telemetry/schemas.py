@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, PlainSerializer, WithJsonSchema
 
 from backend.goodput.schemas import GoodputOut
 from backend.jobs.schemas import JobDetail
+from backend.slos.schemas import BurnRate, SloOut
 
 # A datetime written as Python's ``isoformat()`` ("…+00:00"), as the dashboard always did.
 IsoDateTime = Annotated[
@@ -115,3 +116,115 @@ class EvidenceChart(BaseModel):
     median: list[float | None] = Field(description="median compute time (s) over all ranks")
     ranks: list[RankCompute] = Field(description="the incident's named ranks (at most 8)")
     first_step: int | None
+
+
+# --- the serving page (``backend.telemetry.serving_views``) -----------------------------------
+
+
+class ServingCounts(BaseModel):
+    """Per time bin, from the per-minute sums (a request counts in the minute it ended)."""
+
+    requests: list[int] = Field(description="requests that ended in the bin")
+    errors: list[int] = Field(description="of which failed (status not ok/aborted_by_client)")
+    output_tokens_per_s: list[float | None]
+    ttft_mean_s: list[float | None] = Field(description="mean time to first token")
+    tpot_mean_s: list[float | None] = Field(description="mean time per output token")
+
+
+class Percentiles(BaseModel):
+    p50: list[float | None]
+    p90: list[float | None]
+    p99: list[float | None]
+
+
+class LatencyPercentiles(BaseModel):
+    """Per bin, over the requests that arrived in it; null where none has the metric."""
+
+    ttft_s: Percentiles = Field(description="first_token − arrival")
+    tpot_s: Percentiles = Field(description="(end − first_token) / (output_tokens − 1)")
+    e2e_s: Percentiles = Field(description="end − arrival")
+
+
+class ServingReplica(BaseModel):
+    """One replica (``model/replica``) over the whole range."""
+
+    replica: str
+    requests: int
+    errors: int
+    output_tokens: int
+    ttft_mean_s: float | None
+    tpot_mean_s: float | None
+    queue_mean_s: float | None
+    ttft_p90_s: float | None = Field(description="from the requests read (see `sampled`)")
+
+
+class ReplicaSeries(ServingCounts):
+    replica: str
+
+
+class SloSeries(BaseModel):
+    """One SLO per bin, by the minute requests ended."""
+
+    id: int
+    name: str
+    objective: float
+    requests: list[int] = Field(description="requests judged")
+    attainment: list[float | None] = Field(description="good ÷ judged; null: none judged")
+    goodput_rps: list[float | None] = Field(description="good requests per second")
+    goodput_tokens_per_s: list[float | None] = Field(description="output tokens of good ones")
+    smooth_goodput: list[float | None] = Field(
+        description="benefit (tokens, less a latency penalty) per second: detectors.smooth_goodput"
+    )
+
+
+class ServingChart(ServingCounts):
+    since: float = Field(description="epoch seconds; the range, widened to whole minutes")
+    until: float
+    bin_s: int = Field(description="seconds per bin (whole minutes)")
+    t: list[float] = Field(description="start of each bin, epoch seconds")
+    latency: LatencyPercentiles
+    latency_requests: list[int] = Field(description="requests read per bin for the percentiles")
+    sampled: bool = Field(description="true: percentiles from evenly spaced time slices")
+    requests_read: int
+    replicas_total: int
+    replicas: list[ServingReplica] = Field(description="by name; the 256 slowest at most")
+    replica_series: list[ReplicaSeries] = Field(description="the 12 slowest by mean TTFT")
+    slos: list[SloSeries]
+
+
+class ServingSlo(SloOut):
+    """An SLO with its status over its period (``GET /api/v1/jobs/{job}/slos``); the
+    figures are null and ``error`` says why when they cannot be computed."""
+
+    requests: int | None
+    attainment: float | None
+    attainment_by_threshold: dict[str, float | None]
+    goodput_rps: float | None
+    goodput_tokens_per_s: float | None
+    smooth_goodput: float | None
+    error_budget_remaining: float | None
+    burn_rates: list[BurnRate]
+    since: float | None
+    until: float | None
+    error: str | None
+
+
+class SloWorst(BaseModel):
+    name: str
+    attainment: float
+    objective: float
+
+
+class SloHeadline(BaseModel):
+    level: Literal["none", "ok", "unknown", "warning", "critical"]
+    short: str = Field(examples=["SLO violated"])
+    text: str = Field(description="whether the SLOs are met now, in one line")
+    worst: SloWorst | None = Field(description="lowest attainment relative to its objective")
+
+
+class ServingStatus(BaseModel):
+    job: str
+    as_of: float = Field(description="epoch seconds the burn rates are computed at")
+    headline: SloHeadline
+    slos: list[ServingSlo]
+    incidents: list[IncidentMark] = Field(description="the 50 newest")

@@ -2,6 +2,7 @@
 incident with its evidence and actions.
 
     jobs_overview(session=s)        # [{"name", "last_step", "open": {"critical": 1, …}, …}]
+    serving_health(session=s, rows=rows, now=time.time())   # adds "slo" to serving jobs
     alerts(session=s)               # (open incidents, recently resolved)
 
 Chart data comes from ``backend.telemetry`` (queries and JSON routes).
@@ -10,6 +11,7 @@ Chart data comes from ``backend.telemetry`` (queries and JSON routes).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from sqlalchemy import func, select
@@ -20,8 +22,13 @@ from backend.incidents.models import SEVERITIES, Incident
 from backend.jobs import service as jobs
 from backend.jobs.models import Job
 from backend.telemetry.queries import median_recent_step_s
+from backend.telemetry.serving_status import slo_headline, slo_statuses
+
+log = logging.getLogger(__name__)
 
 OPEN_LIMIT = 1000  # open incidents listed on the alerts page
+SLO_JOBS_LIMIT = 200  # serving jobs whose SLO health the jobs list computes
+HEALTH = {"ok": 1, "info": 2, "warning": 3, "critical": 4}  # a row's "worst", in order
 
 
 def jobs_overview(*, session: Session) -> list[dict[str, Any]]:
@@ -45,6 +52,28 @@ def jobs_overview(*, session: Session) -> list[dict[str, Any]]:
         )
         row["step_time_median_s"] = median_recent_step_s(session=session, job_id=job_id)
     return rows
+
+
+def serving_health(*, session: Session, rows: list[dict[str, Any]], now: float) -> None:
+    """Adds ``slo`` to each serving job's row: the headline of its SLOs (``level``,
+    ``short``, ``text``, ``worst`` attainment vs objective), and raises the row's health
+    (``worst``) to a violated (critical) or at-risk (warning) SLO's. Never raises: a job
+    whose SLOs cannot be read shows "status unavailable"; past ``SLO_JOBS_LIMIT``, nothing."""
+    serving = [row for row in rows if row.get("kind") == "serving"][:SLO_JOBS_LIMIT]
+    for row in serving:
+        try:
+            row["slo"] = slo_headline(slo_statuses(session=session, job=row["name"], now=now))
+        except Exception:  # the jobs list must render whatever one job's SLOs do
+            log.warning("SLO health of job %r failed", row["name"], exc_info=True)
+            row["slo"] = {
+                "level": "unknown",
+                "short": "status unavailable",
+                "text": "SLO status unavailable.",
+                "worst": None,
+            }
+        level = row["slo"]["level"]
+        if level in HEALTH and HEALTH[level] > HEALTH.get(row.get("worst") or "", 0):
+            row["worst"] = level
 
 
 def alerts(*, session: Session, recent: int = 100) -> tuple[list[Any], list[Any]]:

@@ -2,6 +2,7 @@
 
     /                 jobs at a glance          /alerts      open and recent incidents
     /jobs/{job}       charts, ranks, incidents  /settings    receivers, policies, tokens
+    /jobs/{job}/serving  SLOs, latency, replicas (``backend.ui.serving``)
     /incidents/{id}   evidence and actions      /login       paste an API token
 
 Charts are drawn by the page's script from the JSON endpoints in
@@ -50,6 +51,7 @@ def job_urls(name: str) -> dict[str, str]:
         "overview": f"/api/v1/jobs/{q}/overview",
         "stream": f"/ui/jobs/{q}/stream",
         "actions": f"/ui/jobs/{q}/actions",
+        "serving": f"/jobs/{q}/serving",
     }
 
 
@@ -57,6 +59,7 @@ def job_urls(name: str) -> dict[str, str]:
 def jobs_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
     """Every job with its health; goodput cells are filled by the page's script."""
     rows = overview.jobs_overview(session=session)
+    overview.serving_health(session=session, rows=rows, now=time.time())
     for row in rows:
         row["urls"] = job_urls(row["name"])
     return render(request, "jobs.html", {"jobs": rows}, page={"script": "jobs"})

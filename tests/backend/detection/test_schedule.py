@@ -28,7 +28,7 @@ def test_a_burst_of_batches_schedules_one_run_per_job(settings, engine, session_
         for job in ("a", "b"):
             reply = client.post("/api/v1/ingest", json=batch([step(n)], job=job), headers=INGEST)
             assert reply.status_code == 200, reply.text
-    ids = dict(session.execute(select(Job.name, Job.id)).tuples().all())
+    ids = {name: id_ for name, id_ in session.execute(select(Job.name, Job.id))}
     assert scheduler.drain() == sorted([ids["a"], ids["b"]])
     assert scheduler.drain() == []  # drained: the next tick runs nothing
 

@@ -1,0 +1,217 @@
+"""What ``GET /metrics`` says about the jobs, for Prometheus and Grafana (Vigil's own
+process metrics are in ``backend.metrics``).
+
+Serving histograms are observed at ingest, with vLLM's semantics and bucket edges under
+``vigil_`` names, labelled by job, model and replica (per process: Prometheus sums the API
+replicas it scrapes, as it does for any counter). Gauges are read from the database at
+scrape time: per SLO its attainment, goodput, smooth goodput, error budget left and burn
+rates; per training job its step time, open incidents by kind and severity, goodput, and
+the straggler score of each rank an open straggler incident names. Cardinality is bounded:
+no per-request labels, at most ``MAX_SERIES`` label sets per histogram (the rest are
+counted under ``replica="other"``), ranks only when an incident names them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.incidents.models import Incident
+from backend.jobs.models import Job
+from backend.metrics import REGISTRY
+from backend.slos import service as slos
+from backend.telemetry.queries import median_recent_step_s
+from detectors.serving import request_metrics
+
+MAX_SERIES = 1000
+# vLLM's bucket edges (vllm/v1/metrics/loggers.py), so dashboards built for vLLM read these.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+LABELS = ("job", "model", "replica")
+
+TTFT = Histogram(
+    "vigil_time_to_first_token_seconds",
+    "Time to first token (first_token - arrival), per request.",
+    LABELS,
+    buckets=TTFT_BUCKETS,
+    registry=REGISTRY,
+)
+TPOT = Histogram(
+    "vigil_request_time_per_output_token_seconds",
+    "Time per output token ((end - first_token) / (output_tokens - 1)), per request.",
+    LABELS,
+    buckets=TPOT_BUCKETS,
+    registry=REGISTRY,
+)
+E2E = Histogram(
+    "vigil_e2e_request_latency_seconds",
+    "End-to-end request latency (end - arrival).",
+    LABELS,
+    buckets=E2E_BUCKETS,
+    registry=REGISTRY,
+)
+QUEUE = Histogram(
+    "vigil_request_queue_time_seconds",
+    "Time requests waited before being scheduled, as the server reported it.",
+    LABELS,
+    buckets=E2E_BUCKETS,
+    registry=REGISTRY,
+)
+
+_series: set[tuple[str, str, str]] = set()
+_series_lock = threading.Lock()
+
+
+def _labels(job: str, event: dict[str, Any]) -> tuple[str, str, str]:
+    key = (job, event.get("model") or "", event.get("replica") or "")
+    with _series_lock:
+        if key in _series:
+            return key
+        if len(_series) < MAX_SERIES:
+            _series.add(key)
+            return key
+    return (job, key[1], "other")
+
+
+def observe_requests(job: str, requests: list[dict[str, Any]]) -> None:
+    """At ingest, after the commit: each request into the serving histograms."""
+    if not requests:
+        return
+    m = request_metrics(
+        arrival=[e["arrival"] for e in requests],
+        first_token=[e.get("first_token") for e in requests],
+        end=[e.get("end") for e in requests],
+        output_tokens=[e.get("output_tokens") for e in requests],
+    )
+    for i, e in enumerate(requests):
+        labels = _labels(job, e)
+        for hist, value in ((TTFT, m.ttft[i]), (TPOT, m.tpot[i]), (E2E, m.e2e[i])):
+            if np.isfinite(value):
+                hist.labels(*labels).observe(float(value))
+        if e.get("queue_s") is not None:
+            QUEUE.labels(*labels).observe(float(e["queue_s"]))
+
+
+class JobsCollector(Collector):
+    """Gauges read from the database at scrape time."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self.factory = factory
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.factory() as session:
+            yield from _slo_gauges(session)
+            yield from _training_gauges(session)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _slo_gauges(session: Session) -> Iterator[GaugeMetricFamily]:
+    labels = ["job", "slo"]
+    families = {
+        "attainment": GaugeMetricFamily(
+            "vigil_slo_attainment",
+            "Fraction of requests meeting the SLO over its period.",
+            labels=labels,
+        ),
+        "goodput_rps": GaugeMetricFamily(
+            "vigil_slo_goodput_requests_per_second",
+            "Requests/s meeting every threshold.",
+            labels=labels,
+        ),
+        "smooth_goodput": GaugeMetricFamily(
+            "vigil_slo_smooth_goodput",
+            "Smooth goodput (arXiv 2410.14257) over the period.",
+            labels=labels,
+        ),
+        "error_budget_remaining": GaugeMetricFamily(
+            "vigil_slo_error_budget_remaining",
+            "Error budget left over the period (1 = untouched).",
+            labels=labels,
+        ),
+    }
+    burn = _gauge(
+        "vigil_slo_burn_rate",
+        "Burn rate over each alert window.",
+        [*labels, "window"],
+    )
+    now = time.time()
+    for slo in slos.list_slos(session=session):
+        st = slos.status(session=session, slo=slo, now=now)
+        for key, family in families.items():
+            if st[key] is not None:
+                family.add_metric([slo.job, slo.name], float(st[key]))
+        for rate in st["burn_rates"]:
+            for window, value in (
+                (rate["long_window_s"], rate["long_burn_rate"]),
+                (rate["short_window_s"], rate["short_burn_rate"]),
+            ):
+                if value is not None:
+                    burn.add_metric([slo.job, slo.name, f"{int(window)}s"], float(value))
+    yield from families.values()
+    yield burn
+
+
+def _training_gauges(session: Session) -> Iterator[GaugeMetricFamily]:
+    step = GaugeMetricFamily(
+        "vigil_job_step_time_seconds",
+        "Median step time over the job's recent steps.",
+        labels=["job"],
+    )
+    jobs = session.execute(select(Job.id, Job.name, Job.kind)).all()
+    for job_id, name, kind in jobs:
+        if kind == "training":
+            value = median_recent_step_s(session=session, job_id=job_id)
+            if value is not None:
+                step.add_metric([name], float(value))
+    yield step
+    names = {job_id: name for job_id, name, _ in jobs}
+    open_by = GaugeMetricFamily(
+        "vigil_open_incidents",
+        "Open incidents by kind and severity.",
+        labels=["job", "kind", "severity"],
+    )
+    rows = session.execute(
+        select(Incident.job_id, Incident.kind, Incident.severity, func.count())
+        .where(Incident.status == "open")
+        .group_by(Incident.job_id, Incident.kind, Incident.severity)
+    ).all()
+    for job_id, kind, severity, n in rows:
+        open_by.add_metric([names.get(job_id, str(job_id)), kind, severity], float(n))
+    yield open_by
+    score = GaugeMetricFamily(
+        "vigil_straggler_score",
+        "Score of each rank an open straggler incident names.",
+        labels=["job", "rank"],
+    )
+    for job_id, ranks, value in session.execute(
+        select(Incident.job_id, Incident.ranks, Incident.score).where(
+            Incident.status == "open", Incident.kind == "straggler"
+        )
+    ):
+        for rank in (ranks or [])[:64]:
+            score.add_metric([names.get(job_id, str(job_id)), str(rank)], float(value or 0.0))
+    yield score
+
+
+def exposition(factory: sessionmaker[Session]) -> bytes:
+    """The whole ``/metrics`` body: Vigil's own metrics, the serving histograms, and the
+    gauges read from the database now."""
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(JobsCollector(factory))
+    return generate_latest(REGISTRY) + generate_latest(scrape)

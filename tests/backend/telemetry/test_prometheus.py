@@ -1,0 +1,72 @@
+"""``GET /metrics`` for Prometheus: serving histograms with vLLM's bucket edges under
+``vigil_`` names, SLO gauges, training gauges; bounded label sets."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from backend.telemetry import prometheus
+from tests.conftest import ADMIN, INGEST
+from tests.factories import batch, step
+
+
+def scrape(client) -> dict[str, list]:  # type: ignore[no-untyped-def, type-arg]
+    text = client.get("/metrics").text
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_serving_histograms_and_slo_gauges(client):
+    job, now = f"chat-{uuid.uuid4().hex[:6]}", time.time()
+    client.post("/api/v1/slos", json={"job": job, "name": "fast", "ttft_s": 0.5}, headers=ADMIN)
+    events = [
+        {
+            "type": "request",
+            "id": f"r{i}",
+            "arrival": now - 60 + i,
+            "first_token": now - 60 + i + (0.2 if i % 4 else 0.9),
+            "end": now - 60 + i + 2.0,
+            "output_tokens": 11,
+            "model": "tiny",
+            "replica": "r0",
+        }
+        for i in range(40)
+    ]
+    reply = client.post(
+        "/api/v1/ingest", json=batch(events, job=job, kind="serving"), headers=INGEST
+    )
+    assert reply.status_code == 200
+    metrics = scrape(client)
+    ttft = [
+        s
+        for s in metrics["vigil_time_to_first_token_seconds"]
+        if s.labels.get("job") == job and s.name.endswith("_bucket")
+    ]
+    assert {s.labels["le"] for s in ttft} >= {"0.25", "1.0", "2560.0", "+Inf"}  # vLLM's edges
+    le = {s.labels["le"]: s.value for s in ttft}
+    assert (le["0.25"], le["1.0"], le["+Inf"]) == (30.0, 40.0, 40.0)
+    assert ttft[0].labels["model"] == "tiny" and ttft[0].labels["replica"] == "r0"
+    [attainment] = [s for s in metrics["vigil_slo_attainment"] if s.labels["job"] == job]
+    assert attainment.labels["slo"] == "fast" and abs(attainment.value - 0.75) < 1e-9
+    burn = [s for s in metrics["vigil_slo_burn_rate"] if s.labels["job"] == job]
+    assert {s.labels["window"] for s in burn} >= {"3360s", "300s"}  # 56 and 5 min (28 d)
+
+
+def test_training_gauges(client):
+    job = f"train-{uuid.uuid4().hex[:6]}"
+    client.post(
+        "/api/v1/ingest",
+        json=batch([step(n, duration_s=0.25) for n in range(10)], job=job),
+        headers=INGEST,
+    )
+    [gauge] = [s for s in scrape(client)["vigil_job_step_time_seconds"] if s.labels["job"] == job]
+    assert gauge.value == 0.25
+
+
+def test_label_sets_are_bounded(monkeypatch):
+    monkeypatch.setattr(prometheus, "MAX_SERIES", 2)
+    monkeypatch.setattr(prometheus, "_series", set())
+    seen = [prometheus._labels("j", {"replica": f"r{i}"}) for i in range(5)]
+    assert [s[2] for s in seen] == ["r0", "r1", "other", "other", "other"]
