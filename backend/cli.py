@@ -6,6 +6,7 @@ vigil worker / vigil beat         # distributed mode: Celery worker and schedule
 vigil token create -s read -n ci  # prints a new token once
 vigil jobs                        # jobs known to a running server
 vigil demo --fast                 # embedded Vigil + a real faulty job, diagnosed and healed
+vigil replay TRACE --target URL --job NAME   # serving trace replay, reported to Vigil
 """
 
 from __future__ import annotations
@@ -316,6 +317,70 @@ else:
 
         url, bearer = _endpoint_and_token(endpoint, token, scope="ingest")
         raise typer.Exit(launch(command, endpoint=url, token=bearer, job=job, chaos=chaos))
+
+    @app.command()
+    def replay(
+        trace: Annotated[
+            Path, typer.Argument(help="Serving trace: Azure 2023 CSV, Mooncake JSONL, BurstGPT")
+        ],
+        target: Annotated[
+            str, typer.Option(help="OpenAI-compatible server, e.g. http://127.0.0.1:8100")
+        ],
+        job: Annotated[str, typer.Option(help="Job to report the requests under")],
+        speedup: Annotated[float, typer.Option(help="Send K times faster than recorded")] = 1.0,
+        limit: Annotated[int | None, typer.Option(help="Only the first N requests")] = None,
+        trace_format: Annotated[
+            str, typer.Option("--format", help="auto, azure, mooncake or burstgpt")
+        ] = "auto",
+        model: Annotated[
+            str | None, typer.Option(help="Model name to ask for (default: the target's first)")
+        ] = None,
+        concurrency_cap: Annotated[int, typer.Option(help="Most requests in flight")] = 512,
+        api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
+        prompt_mode: Annotated[
+            str,
+            typer.Option(help="auto, count (Vigil's example server) or words (any server)"),
+        ] = "auto",
+        timeout: Annotated[float, typer.Option(help="Seconds one request may take")] = 600.0,
+        ship: Annotated[bool, typer.Option(help="Report the requests to Vigil")] = True,
+        endpoint: Annotated[str | None, typer.Option(help="Vigil URL [VIGIL_ENDPOINT]")] = None,
+        token: Annotated[str | None, typer.Option(help="Ingest token [VIGIL_TOKEN]")] = None,
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="Also write the summary here")
+        ] = None,
+    ) -> None:
+        """Replay a serving trace against an OpenAI-compatible server at its real arrival
+        times (streamed, exact output lengths), and report to Vigil what the client saw:
+        TTFT and every token's arrival.
+
+        vigil replay conversation_trace.jsonl --target http://127.0.0.1:8100 --job chat
+        """
+        from backend.serving.command import run_replay_command
+
+        if api not in ("completions", "chat") or prompt_mode not in ("auto", "count", "words"):
+            err.print("[red]--api is completions or chat; --prompt-mode auto, count or words[/]")
+            raise typer.Exit(2)
+        url, bearer = _endpoint_and_token(endpoint, token, scope="ingest") if ship else ("", "")
+        raise typer.Exit(
+            run_replay_command(
+                trace_path=trace,
+                target=target,
+                job=job,
+                console=console,
+                err=err,
+                endpoint=url or None,
+                token=bearer or None,
+                speedup=speedup,
+                limit=limit,
+                trace_format=trace_format,
+                model=model,
+                concurrency_cap=concurrency_cap,
+                api=api,  # type: ignore[arg-type]
+                prompt_mode=prompt_mode,  # type: ignore[arg-type]
+                timeout_s=timeout,
+                json_out=json_out,
+            )
+        )
 
     @import_app.command("flight-recorder")
     def import_flight_recorder(
