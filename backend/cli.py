@@ -286,6 +286,10 @@ else:
         replay: Annotated[
             bool, typer.Option(help="Replay a real recorded job (PAI job_1) instead")
         ] = False,
+        serving: Annotated[
+            bool,
+            typer.Option(help="A serving fleet with a slow replica instead (about 5 minutes)"),
+        ] = False,
         port: Annotated[int, typer.Option(help="Port for the demo server")] = 8000,
         database: Annotated[
             str, typer.Option(help="Database for the demo")
@@ -296,6 +300,10 @@ else:
         fault was flagged with the right ranks and the job finished."""
         from backend.demo import run_replay, run_story
 
+        if serving:
+            from backend.demo.serving_story import run_serving_story
+
+            raise typer.Exit(run_serving_story(console=console, port=port, database_url=database))
         play = run_replay if replay else run_story
         raise typer.Exit(play(console=console, port=port, database_url=database, fast=fast))
 

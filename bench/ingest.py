@@ -338,6 +338,105 @@ def postgres_backends_cpu_s(dbname: str) -> float:
     return total
 
 
+# --------------------------------------------------------------------------- timed run
+
+
+@dataclass
+class ApiRun:
+    """One timed run through the API, with the CPU the processes involved used during it
+    (``nan`` where not measured)."""
+
+    tally: Tally
+    seconds: float
+    client_cpu: float
+    server_pid: int | None
+    server_cpu: float
+    pg_cpu: float
+
+    @property
+    def rate(self) -> float:
+        """Events stored per second."""
+        return self.tally.events / self.seconds if self.seconds > 0 else 0.0
+
+
+def timed_send(
+    batches: list[Batch],
+    *,
+    endpoint: str,
+    token: str,
+    concurrency: int,
+    use_gzip: bool,
+    timeout: float,
+    server_pid: int | None,
+    dbname: str | None,
+) -> ApiRun:
+    """``send_all`` on the clock, reading this process's CPU and, with ``server_pid``, the
+    server's and (with ``dbname``) the local PostgreSQL backends' before and after."""
+    server0 = process_cpu_s(server_pid) if server_pid else math.nan
+    pg0 = postgres_backends_cpu_s(dbname) if server_pid and dbname else math.nan
+    cpu0 = os.times()
+    tally, seconds = send_all(
+        batches,
+        endpoint=endpoint,
+        token=token,
+        concurrency=concurrency,
+        use_gzip=use_gzip,
+        deadline=time.monotonic() + timeout,
+        progress=True,
+    )
+    cpu1 = os.times()
+    client_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    server_cpu = process_cpu_s(server_pid) - server0 if server_pid else math.nan
+    pg_cpu = postgres_backends_cpu_s(dbname) - pg0 if server_pid and dbname else math.nan
+    return ApiRun(tally, seconds, client_cpu, server_pid, server_cpu, pg_cpu)
+
+
+def report_api_run(run: ApiRun, noun: str = "event") -> dict[str, Any]:
+    """Print what the API run achieved; returns the same as summary fields. ``noun`` names
+    what a batch holds (``event``, ``request``) in the lines and the keys."""
+    tally, seconds = run.tally, run.seconds
+    lat = sorted(tally.latencies)
+    summary: dict[str, Any] = {
+        f"{noun}s": tally.events,
+        "batches": tally.batches,
+        "seconds": round(seconds, 3),
+        f"{noun}s_per_s": round(run.rate),
+        "p50_ms": round(percentile(lat, 50) * 1000, 1),
+        "p99_ms": round(percentile(lat, 99) * 1000, 1),
+        "errors": tally.errors,
+        "throttled_429": tally.throttled,
+        "client_cpu_s": round(run.client_cpu, 2),
+    }
+    print(
+        f"api:     {tally.events:,} {noun}s in {tally.batches:,} batches, {seconds:.2f} s, "
+        f"{run.rate:,.0f} {noun}s/s"
+    )
+    print(
+        f"latency: p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms per batch "
+        f"(max {lat[-1] * 1000 if lat else math.nan:.1f} ms)"
+    )
+    print(f"errors:  {tally.errors}, 429 replies: {tally.throttled}")
+    for sample in tally.error_samples:
+        print(f"  error: {sample}")
+    print(f"client:  {run.client_cpu:.1f} s CPU ({run.client_cpu / seconds:.0%} of one core)")
+    if run.server_pid and tally.events:
+        per = 1e6 / tally.events
+        line = f"server:  {run.server_cpu:.1f} s CPU, {run.server_cpu * per:.0f} µs/{noun}"
+        if not math.isnan(run.pg_cpu):
+            line += (
+                f"; PostgreSQL backends {run.pg_cpu:.1f} s CPU, {run.pg_cpu * per:.0f} µs/{noun}"
+            )
+        print(line)
+        summary |= {
+            "server_cpu_s": round(run.server_cpu, 2),
+            f"server_us_per_{noun}": round(run.server_cpu * per, 1),
+        }
+        if not math.isnan(run.pg_cpu):
+            summary["pg_cpu_s"] = round(run.pg_cpu, 2)
+            summary[f"pg_us_per_{noun}"] = round(run.pg_cpu * per, 1)
+    return summary
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -358,6 +457,22 @@ def require_loopback(host: str | None, what: str) -> None:
     except ValueError:
         pass
     raise SystemExit(f"{what}: only 127.0.0.1 is allowed, not {host!r}")
+
+
+def copy_dbname(p: argparse.ArgumentParser, dsn: str | None) -> str | None:
+    """The database a ``--copy-dsn`` names (``None`` without one); refuses a DSN that is
+    not PostgreSQL's or not on loopback."""
+    if not dsn:
+        return None
+    import psycopg.conninfo
+
+    if not dsn.startswith(("postgresql://", "postgres://", "host=", "dbname=")):
+        p.error("--copy-dsn must be a PostgreSQL DSN")
+    conninfo = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = conninfo.get("host")
+    require_loopback(str(host) if host is not None else None, "--copy-dsn")
+    dbname = conninfo.get("dbname")
+    return str(dbname) if dbname is not None else None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -392,16 +507,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 < args.timeout <= 3600:
         p.error("--timeout must be in (0, 3600]")
     require_loopback(urlsplit(args.endpoint).hostname, "--endpoint")
-    args.copy_dbname = None
-    if args.copy_dsn:
-        import psycopg.conninfo
-
-        if not args.copy_dsn.startswith(("postgresql://", "postgres://", "host=", "dbname=")):
-            p.error("--copy-dsn must be a PostgreSQL DSN")
-        conninfo = psycopg.conninfo.conninfo_to_dict(args.copy_dsn)
-        host = conninfo.get("host")
-        require_loopback(str(host) if host is not None else None, "--copy-dsn")
-        args.copy_dbname = conninfo.get("dbname")
+    args.copy_dbname = copy_dbname(p, args.copy_dsn)
     args.job = args.job or f"bench-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     return args
 
@@ -425,26 +531,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_warmup:
         warm_up(endpoint, args.token, args.job, args.ranks, args.concurrency)
 
-    dbname = args.copy_dbname
-    server0 = process_cpu_s(args.server_pid) if args.server_pid else math.nan
-    pg0 = postgres_backends_cpu_s(str(dbname)) if args.server_pid and dbname else math.nan
-    cpu0 = os.times()
-    tally, seconds = send_all(
+    run = timed_send(
         batches,
         endpoint=endpoint,
         token=args.token,
         concurrency=args.concurrency,
         use_gzip=args.gzip,
-        deadline=time.monotonic() + args.timeout,
-        progress=True,
+        timeout=args.timeout,
+        server_pid=args.server_pid,
+        dbname=args.copy_dbname,
     )
-    cpu1 = os.times()
-    client_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    server_cpu = process_cpu_s(args.server_pid) - server0 if args.server_pid else math.nan
-    pg_cpu = postgres_backends_cpu_s(str(dbname)) - pg0 if args.server_pid and dbname else math.nan
-
-    lat = sorted(tally.latencies)
-    api_rate = tally.events / seconds if seconds > 0 else 0.0
+    tally, api_rate = run.tally, run.rate
     summary: dict[str, Any] = {
         "job": args.job,
         "endpoint": endpoint,
@@ -452,41 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "ranks": args.ranks,
         "gzip": args.gzip,
-        "events": tally.events,
-        "batches": tally.batches,
-        "seconds": round(seconds, 3),
-        "events_per_s": round(api_rate),
-        "p50_ms": round(percentile(lat, 50) * 1000, 1),
-        "p99_ms": round(percentile(lat, 99) * 1000, 1),
-        "errors": tally.errors,
-        "throttled_429": tally.throttled,
-        "client_cpu_s": round(client_cpu, 2),
-    }
-    print(
-        f"api:     {tally.events:,} events in {tally.batches:,} batches, {seconds:.2f} s, "
-        f"{api_rate:,.0f} events/s"
-    )
-    print(
-        f"latency: p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms per batch "
-        f"(max {lat[-1] * 1000 if lat else math.nan:.1f} ms)"
-    )
-    print(f"errors:  {tally.errors}, 429 replies: {tally.throttled}")
-    for sample in tally.error_samples:
-        print(f"  error: {sample}")
-    print(f"client:  {client_cpu:.1f} s CPU ({client_cpu / seconds:.0%} of one core)")
-    if args.server_pid and tally.events:
-        per_event = 1e6 / tally.events
-        line = f"server:  {server_cpu:.1f} s CPU, {server_cpu * per_event:.0f} µs/event"
-        if not math.isnan(pg_cpu):
-            line += f"; PostgreSQL backends {pg_cpu:.1f} s CPU, {pg_cpu * per_event:.0f} µs/event"
-        print(line)
-        summary |= {
-            "server_cpu_s": round(server_cpu, 2),
-            "server_us_per_event": round(server_cpu * per_event, 1),
-        }
-        if not math.isnan(pg_cpu):
-            summary["pg_cpu_s"] = round(pg_cpu, 2)
-            summary["pg_us_per_event"] = round(pg_cpu * per_event, 1)
+    } | report_api_run(run)
 
     if args.copy_dsn:
         rows, copy_s, copy_cpu, stored = copy_load(args.copy_dsn, args.job, args.ranks, batches)

@@ -30,6 +30,7 @@ the collector (:func:`open_record`), one ``request`` event per request, ids ``<p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -153,7 +154,9 @@ class Replay:
     def now(self) -> float:
         return time.perf_counter() - self.started
 
-    async def play(self) -> list[Outcome]:
+    async def play(self, stop: asyncio.Event | None = None) -> list[Outcome]:
+        """Send every request at its time and wait for them all; once ``stop`` is set, send
+        no more (those in flight still finish)."""
         opts = self.options
         if opts.speedup <= 0:
             raise ReplayError("speedup must be positive")
@@ -169,8 +172,13 @@ class Replay:
                 for req in self.requests:
                     due = req.arrival_s / opts.speedup
                     delay = due - self.now()
-                    if delay > 0:
+                    if delay > 0 and stop is None:
                         await asyncio.sleep(delay)
+                    elif delay > 0 and stop is not None:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), delay)
+                    if stop is not None and stop.is_set():
+                        break
                     await slots.acquire()
                     tasks.append(asyncio.create_task(self._one(http, req, due, slots)))
                 await asyncio.gather(*tasks)

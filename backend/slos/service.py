@@ -29,7 +29,7 @@ from backend.slos.models import THRESHOLDS, Slo, SloMinute
 from backend.telemetry.models import ServingRequest
 from backend.telemetry.serving import finished_at
 from detectors import burn_rate, serving
-from detectors.smooth_goodput import SmoothParams, request_smooth_score
+from detectors.smooth_goodput import SmoothParams, smooth_scores
 
 COUNTS = (
     "total",
@@ -152,32 +152,33 @@ def judge(slo: Slo, requests: list[dict[str, Any]]) -> dict[tuple[int, int], dic
 
 def _smooth_scores(requests: list[dict[str, Any]], params: SmoothParams) -> np.ndarray[Any, Any]:
     """Each request's smooth-goodput benefit from its token times
-    (``detectors.smooth_goodput``); requests without token times score from first token,
-    end and token count. With the SLO's TTFT, deadlines start at ``arrival + ttft_s``, so
-    a late first token costs too."""
-    scores = np.zeros(len(requests))
-    for i, r in enumerate(requests):
-        offsets = r.get("_token_offsets")
-        if offsets is None and r.get("token_deltas") is not None:
+    (``detectors.smooth_goodput``), one vectorised call for the batch; requests without
+    token times score from first token, end and token count. With the SLO's TTFT,
+    deadlines start at ``arrival + ttft_s``, so a late first token costs too."""
+    offsets: list[list[float] | None] = []
+    strides: list[int] = []
+    for r in requests:
+        stride = (r.get("token_times") or {}).get("stride") or r.get("token_stride") or 1
+        found = r.get("_token_offsets")
+        if found is None and r.get("token_deltas") is not None:
             try:
-                offsets = decode_offsets(
-                    r["token_deltas"],
-                    stride=r.get("token_stride") or 1,
-                    output_tokens=r.get("output_tokens") or 0,
+                found = decode_offsets(
+                    r["token_deltas"], stride=stride, output_tokens=r.get("output_tokens") or 0
                 )
             except TokenTimesError:
-                offsets = None
-        scores[i] = request_smooth_score(
-            arrival=r["arrival"],
-            first_token=r.get("first_token"),
-            end=r.get("end"),
-            output_tokens=r.get("output_tokens"),
-            token_offsets=offsets,
-            stride=(r.get("token_times") or {}).get("stride") or r.get("token_stride") or 1,
-            status=r.get("status") or "ok",
-            params=params,
-        )
-    return scores
+                found = None
+        offsets.append(found)
+        strides.append(stride)
+    return smooth_scores(
+        arrival=[r["arrival"] for r in requests],
+        first_token=[r.get("first_token") for r in requests],
+        end=[r.get("end") for r in requests],
+        output_tokens=[r.get("output_tokens") for r in requests],
+        status=[r.get("status") or "ok" for r in requests],
+        token_offsets=offsets,
+        stride=strides,
+        params=params,
+    )
 
 
 def add_slo_minutes(*, session: Session, job: str, requests: list[dict[str, Any]]) -> None:
