@@ -48,7 +48,7 @@ class ServingScenario:
     replicas: tuple[str, ...] = ("r0", "r1", "r2")
     slow: str = "r2"
     slow_factor: float = 3.0
-    rate_rps: float = 1.2  # requests a second over the fleet (≥ 5 per replica-minute)
+    rate_rps: float = 1.5  # requests a second over the fleet (≥ 5 per replica-minute)
     objective: float = 0.99  # a page tier (14.4x) can fire with one replica in three bad
     period_s: float = 3600.0  # every burn window one minute
     phase1_max_s: float = 240.0
@@ -237,6 +237,7 @@ class Seen:
     detected_at: float
     seen_at: float
     resolved_seen_at: float | None = None
+    paged: bool = False  # a page tier fired in some evidence seen
 
 
 @dataclass
@@ -247,6 +248,7 @@ class LoadResult:
     incidents: dict[int, Seen]
     phase1_s: float
     phase2_s: float
+    burn_after: list[dict[str, Any]]  # the server job's SLO tiers at the end of phase 2
 
     def first(self, kind: str) -> Seen | None:
         found = [s for s in self.incidents.values() if s.kind == kind]
@@ -280,11 +282,13 @@ async def run_load(
     read: str,
     *,
     on_incident: Callable[[Seen, str], None] | None = None,
+    on_stop: Callable[[str, float], None] | None = None,
     poll_s: float = 2.0,
 ) -> LoadResult:
     """Phase 1 until ``slow_replica`` and ``slo_burn`` are both open (or ``phase1_max_s``);
-    stop the slow replica; phase 2 on the healthy ones until the burn resolves or its page
-    tiers stop firing (or ``phase2_max_s``). ``on_incident(seen, "opened" | "resolved")``.
+    stop the slow replica; phase 2 on the healthy ones until 20 s into the first minute
+    without it (every burn window is then that minute alone), then read the SLO's tiers.
+    ``on_incident(seen, "opened" | "resolved")``; ``on_stop(replica, seconds)``.
 
     The caller ships the client's records (``ship_to``) around this."""
     sc = fleet.scenario
@@ -306,6 +310,7 @@ async def run_load(
                 if on_incident:
                     on_incident(s, "opened")
             s.summary, s.evidence = inc["summary"], inc["evidence"]
+            s.paged = s.paged or page_firing(inc["evidence"])
             if inc["status"] == "resolved" and s.resolved_seen_at is None:
                 s.resolved_seen_at = time.time()
                 if on_incident:
@@ -323,11 +328,10 @@ async def run_load(
         kinds = {s.kind for s in seen.values()}
         return {"slow_replica", "slo_burn"} <= kinds
 
-    def burn_over() -> bool:
-        burns = [s for s in seen.values() if s.kind == "slo_burn"]
-        return bool(burns) and all(
-            s.resolved_seen_at is not None or not page_firing(s.evidence) for s in burns
-        )
+    def clean_minute() -> bool:
+        """20 s into the first minute with no request to the slow replica in it."""
+        stopped = fleet.stopped.get(sc.slow)
+        return stopped is not None and time.time() >= (stopped // 60 + 1) * 60 + 20
 
     started = time.time()
     stop1 = asyncio.Event()
@@ -338,6 +342,8 @@ async def run_load(
     )
     phase1 = time.monotonic() - t0
     await asyncio.to_thread(fleet.stop, sc.slow)
+    if on_stop:
+        on_stop(sc.slow, phase1)
     sent = max(o.index for o in out1) + 1 if out1 else 0
     rest = requests[sent:]
     shift = rest[0].arrival_s if rest else 0.0
@@ -346,10 +352,20 @@ async def run_load(
     t1 = time.monotonic()
     out2, _ = await asyncio.gather(
         _replay(fleet, fleet.healthy(), rest, stop2),
-        watch(stop2, burn_over, sc.phase2_max_s),
+        watch(stop2, clean_minute, sc.phase2_max_s),
     )
     phase2 = time.monotonic() - t1
-    return LoadResult(out1 + out2, started, fleet.stopped.get(sc.slow), seen, phase1, phase2)
+    burn = await asyncio.to_thread(slo_burn_rates, base, read, sc.server_job)
+    return LoadResult(out1 + out2, started, fleet.stopped.get(sc.slow), seen, phase1, phase2, burn)
+
+
+def slo_burn_rates(base: str, read: str, job: str) -> list[dict[str, Any]]:
+    """Each tier of the job's (first) SLO now: burn rates, counts, whether it fires."""
+    h = {"Authorization": f"Bearer {read}"}
+    reply = httpx.get(f"{base}/api/v1/jobs/{job}/slos", headers=h, timeout=60)
+    reply.raise_for_status()
+    slos = reply.json()
+    return list(slos[0]["burn_rates"]) if slos else []
 
 
 def page_firing(evidence: dict[str, Any]) -> bool:
