@@ -232,7 +232,10 @@ def evaluate(
     last = int(np.flatnonzero(fired)[-1])
     before = np.flatnonzero(~fired[: last + 1])
     onset = int(before[-1]) + 1 if before.size else 0
-    active = last == mins.size - 1
+    # The last column is the current minute, still filling: a tier that fired over the
+    # previous (complete) minute keeps the alert active through it, so a nearly empty
+    # current minute does not resolve the incident only for the next one to re-open it.
+    active = last >= mins.size - 2
 
     at = [s for s in series if s.firing[last]]
     worst = max(at, key=lambda s: (s.tier.severity == "critical", s.tier.factor))

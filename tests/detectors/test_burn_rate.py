@@ -150,6 +150,22 @@ def test_the_alert_resolves_when_the_short_window_recovers() -> None:
     assert evaluate(_slo(*_traffic(rate)), np.arange(T0, T0 + M)) is None
 
 
+def test_a_nearly_empty_current_minute_does_not_resolve_the_alert() -> None:
+    """With one-minute windows (a one-hour period) the current minute decides alone; a
+    minute that has only just begun (one good request) must not flap the alert."""
+    m = 120
+    total, good = np.full(m, 60.0), np.full(m, 60.0)
+    good[-30:-1] = 30.0  # half bad for 29 minutes: far past 14.4x of a 99.9% objective
+    total[-1], good[-1] = 1.0, 1.0  # the current minute: one good request so far
+    f = evaluate(_slo(total, good, period_s=3600.0), np.arange(T0, T0 + m))
+    assert f is not None and f.active and f.severity == "critical"
+    # A whole clean minute later the alert does resolve.
+    total2, good2 = np.append(total, 60.0), np.append(good, 60.0)
+    total2[-2], good2[-2] = 60.0, 60.0
+    f = evaluate(_slo(total2, good2, period_s=3600.0), np.arange(T0, T0 + m + 1))
+    assert f is not None and not f.active
+
+
 def test_windows_without_requests_never_fire() -> None:
     total = np.zeros(M)
     total[-20] = 10.0  # ten failed requests 20 minutes ago, nothing since
