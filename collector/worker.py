@@ -135,9 +135,11 @@ class Worker:
         while not stop:
             now = time.monotonic()
             if now >= next_beat:
-                pending.extend(self._safe_tick())
+                beat = self._safe_tick()
                 next_beat = now + self.config.heartbeat_s
-                deadline = now  # heartbeats go out at once
+                if beat:
+                    pending.extend(beat)
+                    deadline = now  # heartbeats go out at once
             wait_until = next_beat if deadline is None else min(next_beat, deadline)
             try:
                 item = self._queue.get(timeout=max(0.0, wait_until - time.monotonic()))
@@ -165,6 +167,8 @@ class Worker:
                 for marker in flushes:
                     marker.done.set()
                 flushes = []
+            if not pending:
+                deadline = None  # nothing to send: sleep until the next beat or event
 
     def _safe_tick(self) -> list[Event]:
         try:
