@@ -48,26 +48,38 @@ def live_server(database_url: str, **extra_env: str) -> Iterator[str]:
 @contextmanager
 def live_server_on(database_url: str, port: int, **extra_env: str) -> Iterator[str]:
     """``vigil server`` on ``port`` (to restart a server where clients expect it)."""
-    proc = subprocess.Popen(
+    with http_process(
         [*VIGIL, "server", "--port", str(port), "--migrate"],
-        env=vigil_env(database_url, **extra_env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        vigil_env(database_url, **extra_env),
+        port=port,
+        health="/healthz",
+        what="vigil server",
+    ) as base:
+        yield base
+
+
+@contextmanager
+def http_process(
+    cmd: list[str], env: Mapping[str, str], *, port: int, health: str, what: str
+) -> Iterator[str]:
+    """Run an HTTP server process, wait until ``health`` answers 200, yield its base URL,
+    and stop it afterwards."""
+    proc = subprocess.Popen(
+        cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"vigil server exited: {proc.stdout.read()}")  # type: ignore[union-attr]
+                raise RuntimeError(f"{what} exited: {proc.stdout.read()}")  # type: ignore[union-attr]
             try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{base}{health}", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("vigil server did not answer /healthz within 60 s")
+                raise RuntimeError(f"{what} did not answer {health} within 60 s")
             time.sleep(0.1)
         yield base
     finally:

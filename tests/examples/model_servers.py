@@ -4,18 +4,16 @@ config, chaos included) or as its own process, the way users start it."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import uvicorn
 
 from examples.serving.model_server import ServerConfig, create_app
-from tests.servers import free_port
+from tests.servers import free_port, http_process
 
 
 @contextmanager
@@ -45,32 +43,11 @@ def model_server_process(*args: str, **env: str) -> Iterator[str]:
     """``python -m examples.serving.model_server --port <free> ARGS``; yields the base URL."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
-    proc = subprocess.Popen(
+    with http_process(
         [sys.executable, "-m", "examples.serving.model_server", "--port", str(port), *args],
-        env={**environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"model server exited: {proc.stdout.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("model server did not answer /health within 60 s")
-            time.sleep(0.1)
+        {**environ, **env},
+        port=port,
+        health="/health",
+        what="model server",
+    ) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
