@@ -97,7 +97,9 @@ def test_hang_is_detected_restarted_resumed_and_resolved(sqlite_url, tmp_path):
         assert hang["ranks"] == [1] and hang["first_step"] == HANG_AT, hang
 
         # 2. Acted: the policy asked for a restart for that incident, with its reasoning,
-        # and both ranks reported it done (each exits right after reporting).
+        # and the ranks that ran it reported exit code 75. Not necessarily both: each rank
+        # fetches the action with its own next heartbeat, and once the first one exits
+        # torchrun tears the whole group down, so the other may be killed before its turn.
         actions = get(base, f"/jobs/{JOB}/actions")
         restarts = [a for a in actions if a["kind"] == "restart"]  # type: ignore[index,union-attr]
         assert len(restarts) == 1, actions
@@ -105,7 +107,7 @@ def test_hang_is_detected_restarted_resumed_and_resolved(sqlite_url, tmp_path):
         assert restart["incident_id"] == hang["id"] and restart["requested_by"] == "policy"
         assert restart["reasoning"] and restart["reason"]
         assert restart["state"] == "succeeded", restart
-        assert set(restart["deliveries"]) == {"0", "1"}
+        assert restart["deliveries"] and set(restart["deliveries"]) <= {"0", "1"}, restart
         assert {d["result"]["exit_code"] for d in restart["deliveries"].values()} == {75}
 
         # 3. Resumed: the last attempt starts right after the last checkpoint before the
