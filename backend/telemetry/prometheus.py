@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from backend.goodput.service import job_goodput
 from backend.incidents.models import Incident
 from backend.jobs.models import Job
 from backend.metrics import REGISTRY
@@ -173,13 +174,22 @@ def _training_gauges(session: Session) -> Iterator[GaugeMetricFamily]:
         "Median step time over the job's recent steps.",
         labels=["job"],
     )
+    goodput = GaugeMetricFamily(
+        "vigil_training_goodput",
+        "Share of the job's wall time spent on steps that were kept (0-1).",
+        labels=["job"],
+    )
     jobs = session.execute(select(Job.id, Job.name, Job.kind)).all()
     for job_id, name, kind in jobs:
         if kind == "training":
             value = median_recent_step_s(session=session, job_id=job_id)
             if value is not None:
                 step.add_metric([name], float(value))
+            account = job_goodput(session=session, job_id=job_id)
+            if account is not None and account["goodput"] is not None:
+                goodput.add_metric([name], float(account["goodput"]))
     yield step
+    yield goodput
     names = {job_id: name for job_id, name, _ in jobs}
     open_by = GaugeMetricFamily(
         "vigil_open_incidents",

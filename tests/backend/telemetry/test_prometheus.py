@@ -61,8 +61,11 @@ def test_training_gauges(client):
         json=batch([step(n, duration_s=0.25) for n in range(10)], job=job),
         headers=INGEST,
     )
-    [gauge] = [s for s in scrape(client)["vigil_job_step_time_seconds"] if s.labels["job"] == job]
+    metrics = scrape(client)
+    [gauge] = [s for s in metrics["vigil_job_step_time_seconds"] if s.labels["job"] == job]
     assert gauge.value == 0.25
+    [goodput] = [s for s in metrics["vigil_training_goodput"] if s.labels["job"] == job]
+    assert 0.0 < goodput.value <= 1.0
 
 
 def test_label_sets_are_bounded(monkeypatch):
