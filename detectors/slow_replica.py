@@ -26,7 +26,10 @@ mean TPOT per replica-minute, ``sum / n``):
    minutes are slow (idle minutes are skipped, not counted as recovered). The onset is the
    first slow minute of the run that first met the rule. The episode is ``active`` when it
    still fires at the replica's last counted minute and that minute is among the window's
-   last ``persist_m``; a replica that stopped serving resolves.
+   last ``persist_m``. A replica that stopped serving resolves: once it has served no request
+   at all in ``gone_after`` (2) minutes that its peers served since its last counted minute
+   (it left the rotation; a merely quiet replica still serves a few), else when its last
+   counted minute leaves the window's last ``persist_m``.
 
 One finding per replica (kind ``slow_replica``, key ``slow_replica:<replica>``, ``ranks=()``),
 with TTFT and/or TPOT evidence; ``critical`` from ``critical_ratio``. ``first_step`` and
@@ -83,10 +86,13 @@ class SlowReplicaConfig:
     persist_k: int = 3
     persist_m: int = 5
     critical_ratio: float = 2.0
+    gone_after: int = 2
 
     def __post_init__(self) -> None:
         if self.min_requests < 1 or not 1 <= self.persist_k <= self.persist_m:
             raise ValueError("need min_requests >= 1 and 1 <= persist_k <= persist_m")
+        if self.gone_after < 1:
+            raise ValueError("need gone_after >= 1")
         if self.rel_threshold <= 0 or self.pair_threshold <= 0 or self.scale_floor <= 0:
             raise ValueError("thresholds and scale_floor must be > 0")
 
@@ -197,7 +203,13 @@ def detect_slow_replicas(
                 continue
             onset, last, run_end = found[-1]
             last_counted = int(np.flatnonzero(counted[p])[-1])
-            active = run_end == last_counted and last_counted >= mins.size - cfg.persist_m
+            # Out of rotation: no request at all in minutes its peers served, since its last.
+            after = slice(last_counted + 1, None)
+            idle = np.asarray(counts, dtype=np.float64)[p, after] == 0
+            gone = int((idle & (count[after] >= 1)).sum()) >= cfg.gone_after
+            active = (
+                run_end == last_counted and last_counted >= mins.size - cfg.persist_m and not gone
+            )
             ep = slice(onset, last + 1)
             ok = counted[p, ep]
             # Reported against the median of the *other* replicas (the detection's median

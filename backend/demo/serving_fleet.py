@@ -12,12 +12,13 @@ instrumented with Vigil's ASGI middleware (job ``<job>-server``), one of them sl
 round-robin by ``vigil replay``'s client (:class:`backend.serving.replay.Replay`), which
 reports what it saw as job ``<job>-client``. Phase 1 runs until Vigil has flagged the slow
 replica (``slow_replica``) and the SLO burn (``slo_burn``); then the slow replica is stopped
-and phase 2 sends the load to the healthy two until the burn is over.
+and phase 2 sends the load to the healthy two until both incidents have resolved.
 
 Minutes are wall-clock minutes: ``slow_replica`` needs 3 of 5 counted replica-minutes slow
 (≥ 5 requests each), so phase 1 takes about three minutes. With ``period_s`` 3600 every burn
 window is one minute (:func:`detectors.burn_rate.windows_for`), so the burn stops within a
-minute or two of the slow replica leaving.
+minute or two of the slow replica leaving; ``slow_replica`` resolves once the replica has
+served nothing for two minutes its peers served.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class ServingScenario:
     objective: float = 0.99  # a page tier (14.4x) can fire with one replica in three bad
     period_s: float = 3600.0  # every burn window one minute
     phase1_max_s: float = 240.0
-    phase2_max_s: float = 150.0
+    phase2_max_s: float = 210.0
     trace: Path = TRACE
 
     @property
@@ -286,8 +287,8 @@ async def run_load(
     poll_s: float = 2.0,
 ) -> LoadResult:
     """Phase 1 until ``slow_replica`` and ``slo_burn`` are both open (or ``phase1_max_s``);
-    stop the slow replica; phase 2 on the healthy ones until 20 s into the first minute
-    without it (every burn window is then that minute alone), then read the SLO's tiers.
+    stop the slow replica; phase 2 on the healthy ones until every incident resolved (or
+    ``phase2_max_s``), then read the SLO's tiers.
     ``on_incident(seen, "opened" | "resolved")``; ``on_stop(replica, seconds)``.
 
     The caller ships the client's records (``ship_to``) around this."""
@@ -328,10 +329,12 @@ async def run_load(
         kinds = {s.kind for s in seen.values()}
         return {"slow_replica", "slo_burn"} <= kinds
 
-    def clean_minute() -> bool:
-        """20 s into the first minute with no request to the slow replica in it."""
+    def cleared() -> bool:
+        """Every incident seen has resolved, and 20 s of the first minute without the slow
+        replica have passed (every burn window is then that minute alone)."""
         stopped = fleet.stopped.get(sc.slow)
-        return stopped is not None and time.time() >= (stopped // 60 + 1) * 60 + 20
+        quiet = stopped is not None and time.time() >= (stopped // 60 + 1) * 60 + 20
+        return quiet and all(s.resolved_seen_at is not None for s in seen.values())
 
     started = time.time()
     stop1 = asyncio.Event()
@@ -352,7 +355,7 @@ async def run_load(
     t1 = time.monotonic()
     out2, _ = await asyncio.gather(
         _replay(fleet, fleet.healthy(), rest, stop2),
-        watch(stop2, clean_minute, sc.phase2_max_s),
+        watch(stop2, cleared, sc.phase2_max_s),
     )
     phase2 = time.monotonic() - t1
     burn = await asyncio.to_thread(slo_burn_rates, base, read, sc.server_job)

@@ -144,6 +144,23 @@ def test_a_recovered_replica_is_reported_inactive() -> None:
     assert "recovered" in g.summary
 
 
+def test_a_replica_taken_out_of_rotation_resolves_within_two_minutes() -> None:
+    f = _fleet(32, slow=2, minutes=60)
+    for key in ("n", "ttft_sum", "tpot_sum"):
+        f[key][2, 45:] = 0.0  # stopped at minute 45; its peers go on
+    [active] = [x for x in _detect(f, 46) if x.key == "slow_replica:chat/c"]
+    assert active.active  # one minute without it: not yet
+    [gone] = [x for x in _detect(f, 47) if x.key == "slow_replica:chat/c"]
+    assert not gone.active and gone.last_step == T0 + 44
+    # A quiet replica (a few requests, under min_requests) is not out of rotation.
+    quiet = _fleet(32, slow=2, minutes=60)
+    quiet["n"][2, 45:] = 2.0
+    quiet["ttft_sum"][2, 45:] = 2.0 * 0.6
+    quiet["tpot_sum"][2, 45:] = 2.0 * 0.08
+    [still] = [x for x in _detect(quiet, 47) if x.key == "slow_replica:chat/c"]
+    assert still.active
+
+
 def test_bad_shapes_are_refused() -> None:
     f = _fleet(1)
     with pytest.raises(ValueError):
