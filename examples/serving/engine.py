@@ -106,8 +106,10 @@ class Engine:
         deliver: Callable[[list[tuple[Sequence, Event]]], None],
         chaos: Any = None,
         seed: int = 0,
+        step_floor_s: float = 0.0,
     ) -> None:
         self.model = model
+        self.step_floor_s = step_floor_s
         self.max_batch = max_batch
         self.window = model.config.window
         self.prefill_budget = prefill_budget or self.window
@@ -195,8 +197,12 @@ class Engine:
         self._retire(events)
         if events:
             self.deliver(events)
+        took = time.perf_counter() - started
+        if events and took < self.step_floor_s:  # paced like an accelerator's decode step
+            time.sleep(self.step_floor_s - took)
+            took = self.step_floor_s
         if self.chaos is not None:
-            self.chaos.after_step(time.perf_counter() - started)
+            self.chaos.after_step(took)
 
     def _prefill(self, events: list[tuple[Sequence, Event]]) -> None:
         budget = self.prefill_budget

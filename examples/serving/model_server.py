@@ -66,6 +66,7 @@ class ServerConfig:
     max_prompt_tokens: int = 131_072
     max_output_tokens: int = 32_768
     chaos: str = ""
+    step_floor_s: float = 0.0  # pad each engine step to at least this (an accelerator's pace)
     model: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -95,6 +96,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         prefill_budget=cfg.prefill_budget,
         deliver=deliver,
         chaos=chaos or None,
+        step_floor_s=cfg.step_floor_s,
     )
 
     @contextlib.asynccontextmanager
@@ -316,6 +318,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch threads for the engine (default 1: the event loop needs a core too)",
     )
+    p.add_argument(
+        "--step-floor-s",
+        type=float,
+        default=0.0,
+        help="pad each engine step to at least this many seconds, like an accelerator's decode "
+        "step (latencies then stand above a busy host's scheduling noise)",
+    )
     p.add_argument("--dim", type=int, default=ModelConfig.dim)
     p.add_argument("--layers", type=int, default=ModelConfig.layers)
     p.add_argument("--window", type=int, default=ModelConfig.window)
@@ -342,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_budget=args.prefill_budget,
         max_prompt_tokens=args.max_prompt_tokens,
         chaos=args.chaos,
+        step_floor_s=args.step_floor_s,
         model=ModelConfig(dim=args.dim, layers=args.layers, window=args.window, seed=args.seed),
     )
     try:
