@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Double, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
@@ -258,7 +258,8 @@ def bandwidth(
     bins = Bins.plan(lo, hi, max_steps, ext.ranks)
     c = CollectiveRecord
     b = bins.index(c.step)
-    query = select(c.group, b, func.sum(c.bytes), func.sum(c.duration_s)).where(
+    total_bytes = func.sum(cast(c.bytes, Double))  # SQLite's integer sum() overflows at 2**63
+    query = select(c.group, b, total_bytes, func.sum(c.duration_s)).where(
         c.job_id == job_id, c.step.is_not(None), c.duration_s > 0
     )
     query = bins.where(query, c.step).group_by(c.group, b).order_by(c.group, b)

@@ -94,3 +94,21 @@ def test_collective_rollups_kept_by_ingest_equal_a_rebuild(session, job_id):
     assert [k[:5] for k in kept] == [k[:5] for k in rebuilt]
     flat = [v for k in kept for v in k[5:]]
     assert flat == pytest.approx([v for k in rebuilt for v in k[5:]])
+
+
+def test_bandwidth_of_huge_byte_counts_does_not_overflow(client, session):
+    # Two collectives of 2**62 bytes in one bin: an integer sum() overflows 64 bits.
+    from tests.conftest import INGEST
+    from tests.factories import batch, step
+
+    events = [
+        {"type": "collective", "step": 1, "group": "dp", "op": "all_reduce", "seq": i,
+         "bytes": 2**62, "duration_s": 1.0, "count": 1}
+        for i in range(2)
+    ] + [step(n) for n in range(3)]  # fmt: skip
+    reply = client.post("/api/v1/ingest", json=batch(events, job="huge-bytes"), headers=INGEST)
+    assert reply.status_code == 200, reply.text
+    job_id = jobs.get_job_id(session=session, name="huge-bytes")
+    out = queries.bandwidth(session=session, job_id=job_id, max_steps=4)
+    [group] = out["groups"]
+    assert group["bytes_per_s"] == [pytest.approx(2**62)]
