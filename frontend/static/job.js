@@ -114,16 +114,26 @@
     }
   }
 
+  var retryS = 5;
   function live() {
     if (!window.EventSource) return;
     var status = document.getElementById("live-status");
     var url = page.urls.stream + "?after_step=" + encodeURIComponent(page.current_step == null ? -1 : page.current_step) +
               "&incidents=" + encodeURIComponent(page.incidents_signature);
     var source = new EventSource(url);
-    source.onopen = function () { status.textContent = "live"; };
-    source.onerror = function () { status.textContent = "reconnecting…"; };
+    source.onopen = function () { status.textContent = "live"; retryS = 5; };
+    source.onerror = function () {
+      if (source.readyState !== EventSource.CLOSED) { status.textContent = "reconnecting…"; return; }
+      // Refused (e.g. 429/503 when the server's live streams are all taken): the browser
+      // gives up for good, so try again later, backing off to a minute.
+      source.close();
+      status.textContent = "live updates paused; retrying in " + retryS + " s";
+      setTimeout(live, retryS * 1000);
+      retryS = Math.min(60, retryS * 2);
+    };
     source.addEventListener("steps", function (ev) {
       var d = JSON.parse(ev.data);
+      if (d.step.length) page.current_step = d.step[d.step.length - 1];
       document.getElementById("current-step").textContent = String(d.current_step);
       var chart = document.getElementById("step-time-chart");
       if (d.step.length && chart && chart.data && window.Plotly) {

@@ -165,3 +165,27 @@ def test_user_text_never_runs_as_script(server: str, page: Any) -> None:
     time.sleep(0.5)
     assert page.dialogs == [], page.dialogs
     assert page.errors == []
+
+
+def test_a_refused_live_stream_is_retried_later(browser: Any, tmp_path: Path) -> None:
+    # One live stream per process: a client of ours holds it, so the page's is refused
+    # (503) — the browser would give up for good; the page says so and tries again.
+    url = f"sqlite:///{tmp_path / 'vigil.db'}"
+    with (
+        live_server(url, **SERVER_ENV, VIGIL_MAX_STREAMS="1") as base,
+        httpx.Client(base_url=base, timeout=30) as client,
+    ):
+        ingest_job(client, steps=range(20), slow_rank=None)  # type: ignore[arg-type]
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        with client.stream("GET", f"/ui/jobs/{JOB}/stream?after_step=-1") as held:
+            assert held.status_code == 200
+            page.goto(f"{base}/jobs/{JOB}")
+            status = page.locator("#live-status")
+            status.filter(has_text="retrying").wait_for(timeout=20_000)
+        # The held stream is closed: the next try gets the slot.
+        status.filter(has_text="live").filter(has_not_text="paused").wait_for(timeout=30_000)
+        page.screenshot(path=str(tmp_path / "retried.png"), full_page=True)
+        page.close()
+        assert errors == []
