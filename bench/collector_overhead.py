@@ -1,14 +1,21 @@
 """What the collector costs a training step, against bare steps and against the profiler.
 
 A small GPT-style model trained with 2-rank DDP over gloo on CPU. Each rank runs blocks of
-steps in four modes, interleaved in a shuffled order that both ranks share (DDP needs them
+steps in five modes, interleaved in a shuffled order that both ranks share (DDP needs them
 in lockstep), so drift in machine load hits every mode alike:
 
 - ``bare``      no collector client (the integrations' patches cost one ``None`` check);
-- ``defaults``  the collector at its defaults (op sequence sampled every 100 steps);
+- ``noshape``   the defaults without the per-step shape fingerprint (``opseq_shapes=False``),
+                to isolate what that costs;
+- ``defaults``  the collector at its defaults (op sequence sampled every 100 steps and on
+                the step after a new shape fingerprint; the shape fingerprint every step);
 - ``opseq``     full op-sequence capture on every step (``opseq_every=1``);
 - ``profiler``  ``torch.profiler.profile(record_shapes=True)``, what people use today to
                 see op sequences.
+
+The shape fingerprint's global module hooks stay registered once a step installed them;
+the benchmark removes them before each ``bare`` and ``noshape`` block, so those modes pay
+nothing for them (a sampled ``noshape`` step re-adds them for the rest of its block).
 
 The collector ships to a real ``vigil server`` (embedded, SQLite) that the benchmark
 starts. Page-fault noise from glibc's allocator can make instrumented steps look *faster*
@@ -17,6 +24,7 @@ with fixed ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``.
 
     python bench/collector_overhead.py                   # both configurations
     python bench/collector_overhead.py --config dispatch --blocks 12
+    python bench/collector_overhead.py --config dispatch --clock cpu   # on a busy machine
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("bare", "defaults", "opseq", "profiler")
+MODES = ("bare", "noshape", "defaults", "opseq", "profiler")
 CONFIGS = {
     # A compute-heavy step (hundreds of ms on CPU), like a GPU step is wall-clock heavy.
     "gpt": {"dim": 256, "layers": 4, "heads": 4, "seq": 128, "batch": 8, "vocab": 2048},
@@ -57,6 +65,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from collector.client import Client
     from collector.config import Config
     from collector.integrations import setup_integrations
+    from collector.integrations.shape_fp import RECORDER
     from examples.train_tiny_gpt import TinyGPT
 
     torch.set_num_threads(1)
@@ -67,6 +76,14 @@ def rank_main(args: argparse.Namespace) -> None:
         "defaults": Client(
             Config.resolve(
                 job=f"overhead-{args.config}", endpoint=args.endpoint, token="vigil-dev-ingest"
+            )
+        ),
+        "noshape": Client(
+            Config.resolve(
+                job=f"overhead-{args.config}-noshape",
+                endpoint=args.endpoint,
+                token="vigil-dev-ingest",
+                opseq_shapes=False,
             )
         ),
         "opseq": Client(
@@ -89,8 +106,12 @@ def rank_main(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(rank)
     tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen)
 
+    # Wall time, or the training thread's CPU time (--clock cpu): on a loaded machine the
+    # latter leaves out the time the thread waited for a core (and gloo's own threads).
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+
     def train_step(step: int) -> float:
-        started = time.perf_counter()
+        started = clock()
         with collector.step(step):
             logits = ddp(tokens[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, cfg["vocab"]), tokens[:, 1:].reshape(-1))
@@ -98,7 +119,7 @@ def rank_main(args: argparse.Namespace) -> None:
             loss.backward()
             opt.step()
         collector.log(loss=loss.item())
-        return time.perf_counter() - started
+        return clock() - started
 
     step = 0
     for _ in range(args.warmup):  # allocator, caches, DDP buckets
@@ -111,6 +132,8 @@ def rank_main(args: argparse.Namespace) -> None:
         schedule.shuffle(order)
         for mode in order:
             collector._client = clients.get(mode)
+            if mode in ("bare", "noshape"):  # no global module hooks at all (see its docs)
+                RECORDER.uninstall()
             if mode == "profiler":
                 from torch.profiler import ProfilerActivity, profile
 
@@ -175,6 +198,8 @@ def run_config(name: str, args: argparse.Namespace, endpoint: str, workdir: Path
         str(args.steps),
         "--warmup",
         str(args.warmup),
+        "--clock",
+        args.clock,
     ]
     print(
         f"[{name}] {args.blocks} blocks x {len(MODES)} modes x {args.steps} steps ...", flush=True
@@ -183,7 +208,12 @@ def run_config(name: str, args: argparse.Namespace, endpoint: str, workdir: Path
     times = json.loads(out.with_suffix(".rank0.json").read_text())
     median = {m: statistics.median(v) for m, v in times.items()}
     bare = median["bare"]
-    result = {"config": name, **CONFIGS[name], "steps_per_mode": len(times["bare"])}
+    result = {
+        "config": name,
+        **CONFIGS[name],
+        "clock": args.clock,
+        "steps_per_mode": len(times["bare"]),
+    }
     for mode in MODES:
         result[f"{mode}_ms"] = round(median[mode] * 1000, 3)
         result[f"{mode}_overhead_pct"] = round((median[mode] / bare - 1) * 100, 2)
@@ -212,9 +242,15 @@ def print_table(results: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=[*CONFIGS, "all"], default="all")
-    parser.add_argument("--blocks", type=int, default=8, help="rounds of the four modes")
+    parser.add_argument("--blocks", type=int, default=8, help="rounds of the five modes")
     parser.add_argument("--steps", type=int, default=10, help="steps per block")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="step time as wall time, or as the training thread's CPU time",
+    )
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--json", type=Path, help="also write the results here")
     # Internal: how torchrun starts each rank.

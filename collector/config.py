@@ -53,6 +53,7 @@ class Config:
     timeout_s: float = 5.0
     exit_timeout_s: float = 2.0
     opseq_every: int = 100
+    opseq_shapes: bool = True  # per-step module-shape fingerprint (VIGIL_OPSEQ_SHAPES=0: off)
     chaos: str = ""
 
     @property
@@ -92,6 +93,7 @@ class Config:
             timeout_s=max(0.1, _float(env, "VIGIL_TIMEOUT_S", 5.0)),
             exit_timeout_s=_float(env, "VIGIL_EXIT_TIMEOUT_S", 2.0),
             opseq_every=max(0, _int(env, "VIGIL_OPSEQ_EVERY", 100)),
+            opseq_shapes=_int(env, "VIGIL_OPSEQ_SHAPES", 1) != 0,
             chaos=env.get("VIGIL_CHAOS", ""),
         )
         known = {k: v for k, v in overrides.items() if k in cls.__dataclass_fields__}

@@ -1,5 +1,12 @@
 """Operator-sequence fingerprints: a cheap hash of the aten ops one sampled step runs.
 
+Every step carries a cheap structural fingerprint, ``shape_fp`` (``shape_fp.py``: the
+modules that ran and their tensor shapes, from one global module hook). The full capture
+below runs on sampled steps and on the step after one whose ``shape_fp`` no capture has
+covered yet (``OpSeqListener`` has the rule and its back-off), so a changed sequence is
+captured at once rather than at the next sampled step. Each capture also profiles the step
+(``profile.py``) and the profile ships with the sequence the first time it is seen.
+
 On steps where ``step % opseq_every == 0`` a ``TorchDispatchMode`` records every aten op
 the step dispatches, forward and backward (``aten::addmm``, ``aten::threshold_backward`` …):
 its name, the shapes of its tensor inputs, and the bytes of tensors autograd saved for its
@@ -17,10 +24,12 @@ the user's own saved-tensor hooks are active (``save_on_cpu``, checkpointing) th
 precedence and those saves count 0. ``aten::detach`` is left out of the sequence: autograd
 issues it for saved tensors, differently with and without hooks.
 
-Cost: unsampled steps pay nothing (no mode is active). A sampled step pays the Python
-dispatch of every op (about 19 µs/op for any ``TorchDispatchMode`` on a slow 2-core box),
-our recording (2–5 µs/op, 2 µs per saved tensor), and about 1 µs/op at its end for the
-fingerprint; so sample sparsely (``opseq_every``, default 100).
+Cost: other steps pay only the shape fingerprint (no mode is active). A captured step pays
+the Python dispatch of every op (about 19 µs/op for any ``TorchDispatchMode`` on a slow
+2-core box), our recording and profiling (a few µs/op, a few µs per saved tensor), and
+about 1 µs/op at its end for the fingerprint; so sample sparsely (``opseq_every``, default
+100). ``VIGIL_OPSEQ_EVERY=0`` turns every full capture off, ``VIGIL_OPSEQ_SHAPES=0`` the
+shape fingerprint.
 
 Our mode is put at the bottom of the dispatch-mode stack, so modes the user enters and
 leaves, even across a step boundary, still pop their own; it ignores compile internals, so
@@ -36,9 +45,13 @@ import logging
 import marshal
 import threading
 import weakref
+from time import perf_counter as _clock
 from typing import Any
 
 from collector.client import Client, StepListener
+from collector.integrations._stacks import _infra_mode_active, _insert_bottom, _remove
+from collector.integrations._stacks import _remove_saved_hooks as _remove_saved_hooks
+from collector.integrations.shape_fp import RECORDER
 
 log = logging.getLogger("vigil.collector")
 
@@ -55,43 +68,114 @@ def setup_once(client: Client) -> None:
         return
     import torch  # noqa: F401  (fail here, not on the first sampled step)
 
+    from collector.integrations import profile
+
+    profile.setup_once()
     client.add_step_listener(OpSeqListener(client))
     _clients.add(client)
 
 
+# Shape fingerprints remembered as captured (past it, new ones are still captured, rate
+# limited as for a job whose shapes change every step).
+MAX_SHAPES = 4096
+MAX_DELAY = 8
+
+
 class OpSeqListener(StepListener):
+    """Full capture on sampled steps (``step % opseq_every == 0``) and soon after a step
+    runs a shape fingerprint no capture has covered yet.
+
+    A capture is armed for the step after that one (``delay`` 1). When the captured step
+    shows another shape (a one-off, or buckets that alternate) it is a miss: the next arming
+    waits one step more, so a pattern of period p is hit once the delay reaches p. Arming
+    that comes close after the last triggered capture backs off (``gap`` doubles, up to the
+    sampling period), so shapes that change every step cost about what sampling costs."""
+
     def __init__(self, client: Client) -> None:
         self.client = client
         self.capture: _Capture | None = None
         self.seen: set[str] = set()
+        self.shapes = client.config.opseq_shapes
+        self.captured: set[str] = set()  # shape fingerprints a full capture has covered
+        self.armed_at: int | None = None  # capture the first step from here on …
+        self.wanted: str | None = None  # … hoping it runs this shape again
+        self.delay = 1
+        self.gap = 1
+        self.last_trigger = -(1 << 62)
 
     def on_step_start(self, step: int) -> None:
         if self.capture is not None:  # the previous step closed without on_step_end
             self._finish(record=False)
+        if self.shapes:
+            RECORDER.start()
         every = self.client.config.opseq_every
-        if _disabled or every <= 0 or step % every:
+        if _disabled or every <= 0:
             return
-        capture = _Capture()
+        armed = self.armed_at is not None and step >= self.armed_at
+        if step % every and not armed:
+            return
+        if armed:
+            since = step - self.last_trigger
+            self.gap = min(self.gap * 2, every) if since < every else 1
+            self.last_trigger = step
+            self.armed_at = None
+        from collector.integrations.profile import ProfileCapture
+
+        capture = ProfileCapture()
         if capture.start():
             self.capture = capture
 
     def on_step_end(self, step: int) -> None:
+        shape = RECORDER.stop() if self.shapes else None
+        if shape is not None:
+            _set_step_field(self.client, "shape_fp", shape)
         if self.capture is not None:
-            self._finish(record=True)
+            self._finish(record=True, shape=shape)
+        if self.wanted is not None and self.wanted in self.captured:  # a sampled step did
+            self.armed_at = self.wanted = None
+        if shape is not None and shape not in self.captured and self.armed_at is None:
+            self.wanted = shape
+            self.armed_at = max(step + self.delay, self.last_trigger + self.gap)
 
-    def _finish(self, *, record: bool) -> None:
+    def _finish(self, *, record: bool, shape: str | None = None) -> None:
         capture, self.capture = self.capture, None
         if capture is None:
             return
         capture.stop()
+        if shape is not None and self.wanted is not None and self.armed_at is None:
+            hit = shape == self.wanted
+            self.delay = 1 if hit else min(self.delay + 1, MAX_DELAY)
+            self.wanted = None
         if not capture.ok:
             return
         fingerprint, ops = capture.result()
         if record:
             self.client.set_opseq(fingerprint)
+        if shape is not None and len(self.captured) < MAX_SHAPES:
+            self.captured.add(shape)
         if fingerprint not in self.seen:
             self.seen.add(fingerprint)
-            self.client.submit({"type": "opseq", "hash": fingerprint, "ops": ops})
+            event: dict[str, Any] = {"type": "opseq", "hash": fingerprint, "ops": ops}
+            try:
+                from collector.integrations.profile import fits
+
+                profile = capture.profile(fingerprint)  # type: ignore[attr-defined]
+                if fits(event, profile):
+                    event["profile"] = profile
+                else:
+                    self.client.worker.drop("profile_too_large")
+                    log.warning("vigil: a profile of %d ops is too large to ship", len(ops))
+            except Exception:
+                log.warning("vigil: op-sequence profile failed; shipped without it", exc_info=True)
+            self.client.submit(event)
+
+
+def _set_step_field(client: Client, name: str, value: Any) -> None:
+    """Put ``name`` on the step record being timed (it is emitted with the record)."""
+    cur = client._current
+    if cur is not None:
+        fields: dict[str, Any] = cur.fields
+        fields[name] = value
 
 
 class _Capture:
@@ -174,7 +258,9 @@ class _Capture:
 
     # -- per op ----------------------------------------------------------------------------
 
-    def record(self, func: Any, args: Any, out: Any) -> None:
+    def record(self, func: Any, args: Any, out: Any, started: float = 0.0) -> None:
+        """One op, after it ran (``started``: ``perf_counter()`` before; the profiler
+        uses it)."""
         self.count += 1
         if len(self.ops) >= MAX_OPS:
             self.last, self.saves = None, []
@@ -211,26 +297,38 @@ class _Capture:
         A tensor that is both (the last op's output feeding this op) counts for this op,
         unless it was saved twice: then the first save was the last op's own."""
         saves, self.saves = self.saves, []
+        mine_flags = []
         mine = theirs = 0
         twice: set[int] = set()
         for i, (t, n) in enumerate(saves):
             if t not in inputs:
-                theirs += n
+                is_mine = False
             elif t in self.last_out and t not in twice and any(s == t for s, _ in saves[i + 1 :]):
                 twice.add(t)
-                theirs += n
+                is_mine = False
             else:
+                is_mine = True
+            mine_flags.append(is_mine)
+            if is_mine:
                 mine += n
+            else:
+                theirs += n
         if theirs and self.last is not None:
             self.last[2] += theirs
+        self._claimed(mine_flags)
         return mine
+
+    def _claimed(self, mine: list[bool]) -> None:
+        """Which of the saves just claimed went to the op being recorded (True) and which
+        to the one before it; the profiler's hook (``ops`` does not yet hold this op)."""
 
     def _pack(self, t: Any) -> Any:
         try:
             if self.active:
+                # Parameters (and views of them) count 0 bytes: they live anyway.
                 base = t._base if t._base is not None else t
-                if not (base.is_leaf and base.requires_grad):  # parameters live anyway
-                    self.saves.append((t._cdata, t.numel() * t.element_size()))
+                param = base.is_leaf and base.requires_grad
+                self.saves.append((t._cdata, 0 if param else t.numel() * t.element_size()))
         except Exception:
             pass
         # Not ``t`` itself: a saved output would hold its own grad_fn. A plain tensor is
@@ -278,13 +376,14 @@ def _make_mode(capture: _Capture) -> Any:
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
-                out = func(*args, **(kwargs or {}))
                 cap = self.capture
+                started = _clock()
+                out = func(*args, **(kwargs or {}))
                 # aten::detach is left out: autograd issues it for saved outputs without
                 # our hooks and for saved tensors on unpack with them.
                 if cap.active and func is not _detach:
                     try:
-                        cap.record(func, args, out)
+                        cap.record(func, args, out, started)
                     except Exception:
                         cap.active = cap.ok = False
                         log.debug("vigil: op-sequence record failed", exc_info=True)
@@ -296,80 +395,3 @@ def _make_mode(capture: _Capture) -> Any:
 
 _Mode: Any = None
 _detach: Any = None
-
-
-# -- the dispatch-mode and saved-tensor-hook stacks ----------------------------------------
-
-
-def _infra_mode_active() -> bool:
-    import torch
-
-    keys = torch._C._TorchDispatchModeKey
-    return any(
-        torch._C._get_dispatch_mode(k) is not None for k in (keys.FAKE, keys.PROXY, keys.FUNCTIONAL)
-    )
-
-
-def _insert_bottom(mode: Any) -> None:
-    """Push ``mode`` under the user's modes, so their ``__exit__`` still pops their own."""
-    import torch
-
-    c = torch._C
-    above = [c._pop_torch_dispatch_stack(None) for _ in range(c._len_torch_dispatch_stack())]
-    c._push_on_torch_dispatch_stack(mode)
-    for m in reversed(above):
-        c._push_on_torch_dispatch_stack(m)
-    _sync_mode_flags()
-
-
-def _remove(mode: Any) -> None:
-    """Take ``mode`` off the stack wherever it is, keeping the others in order."""
-    import torch
-
-    c = torch._C
-    above = []
-    found = False
-    for _ in range(c._len_torch_dispatch_stack()):
-        m = c._pop_torch_dispatch_stack(None)
-        if m is mode:
-            found = True
-            break
-        above.append(m)
-    for m in reversed(above):
-        c._push_on_torch_dispatch_stack(m)
-    _sync_mode_flags()
-    if not found:
-        raise RuntimeError("vigil's dispatch mode was popped by someone else")
-
-
-def _sync_mode_flags() -> None:
-    """``TorchDispatchMode.__enter__`` keeps module flags saying whether any mode is active
-    (torch.compile reads them); set them from the stack as it is now."""
-    from torch.utils import _python_dispatch as pd
-
-    stack = pd._get_current_dispatch_mode_stack()
-    pd._is_in_torch_dispatch_mode = bool(stack)
-    pd._is_in_non_infra_torch_dispatch_mode = any(not m.is_infra_mode() for m in stack)
-    without = any(not m.ignore_compile_internals() for m in stack)
-    pd._is_in_any_mode_without_ignore_compile_internals = without
-    setter = getattr(pd, "set_is_in_mode_without_ignore_compile_internals", None)
-    if setter is not None:
-        setter(without)
-
-
-def _remove_saved_hooks(pack: Any) -> None:
-    """Pop our saved-tensor hooks, re-pushing any the user pushed on top and kept."""
-    import torch
-
-    autograd = torch._C._autograd
-    above = []
-    while True:
-        top = autograd._top_saved_tensors_default_hooks(True)
-        if top is None:
-            break
-        autograd._pop_saved_tensors_default_hooks()
-        if top[0] is pack:
-            break
-        above.append(top)
-    for p, u in reversed(above):
-        autograd._push_saved_tensors_default_hooks(p, u)

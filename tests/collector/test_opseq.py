@@ -256,3 +256,99 @@ def test_higher_order_ops_and_compiled_code_run_on_sampled_steps(vigil):
     names = [op[0] for op in of_type(events, "opseq")[0]["ops"]]
     assert names.count("hop::cond") == 2  # forward and backward
     assert x.grad is not None
+
+
+# -- the cheap per-step shape fingerprint and the capture it triggers (issue 14, item 0) --
+
+
+def run_gpt(client: Any, seqs: dict[int, int], model: Any = None) -> None:
+    """Train ``TinyGPT`` on the steps given, each with its sequence length."""
+    from tests.collector.tiny_models import batch, gpt
+    from tests.collector.tiny_models import train_step as gpt_step
+
+    model, opt = gpt() if model is None else model
+    for n, seq in seqs.items():
+        tokens = batch(seq)
+        with collector.step(n):
+            gpt_step(model, opt, tokens)
+    client.flush()
+
+
+def test_every_step_carries_a_shape_fingerprint_that_follows_the_sequence_length():
+    client, events = make_client()  # defaults: full capture sampled every 100 steps
+    opseq.setup_once(client)
+    run_gpt(client, {n: 16 if n < 5 else 24 for n in range(1, 9)})
+    steps = {e["step"]: e for e in of_type(events, "step")}
+    assert sorted(steps) == list(range(1, 9))
+    fps = [steps[n].get("shape_fp") for n in range(1, 9)]
+    assert all(isinstance(fp, str) and len(fp) == 16 for fp in fps)
+    assert len(set(fps[:4])) == 1 and len(set(fps[4:])) == 1
+    assert fps[0] != fps[4]
+
+
+def test_the_full_capture_runs_on_the_step_after_a_new_shape_fingerprint():
+    client, events = make_client()  # opseq_every=100: no sampled step in 1..10
+    opseq.setup_once(client)
+    run_gpt(client, {n: 16 if n < 5 else 24 for n in range(1, 11)})
+    steps = {e["step"]: e for e in of_type(events, "step")}
+    # Step 1's shapes are new (first sight): step 2 is captured; the change at step 5 is
+    # captured at step 6, not at step 100.
+    assert sorted(n for n, e in steps.items() if "opseq" in e) == [2, 6]
+    assert steps[2]["opseq"] != steps[6]["opseq"]
+    assert [e["hash"] for e in of_type(events, "opseq")] == [steps[2]["opseq"], steps[6]["opseq"]]
+    assert clean_stacks()
+
+
+def test_alternating_shapes_are_captured_once_each():
+    client, events = make_client()
+    opseq.setup_once(client)
+    run_gpt(client, {n: 16 if n % 2 else 24 for n in range(1, 21)})
+    captured = [e["step"] for e in of_type(events, "step") if "opseq" in e]
+    # Step 1 runs 16: step 2 is captured but runs 24 (a miss); the next 16 (step 3) arms
+    # two steps on, step 5, which runs 16. Both buckets captured, then nothing more.
+    assert captured == [2, 5]
+    assert len(of_type(events, "opseq")) == 2
+
+
+def test_shapes_that_change_every_step_back_off_to_the_sampling_period():
+    client, events = make_client(opseq_every=100)
+    opseq.setup_once(client)
+    model = mlp()
+    for n in range(1, 41):
+        with collector.step(n):
+            train_step(model, batch=n)
+    client.flush()
+    captured = [e["step"] for e in of_type(events, "step") if "opseq" in e]
+    # Every capture misses: the delay grows (1, 2, 3, …) and the gap between triggered
+    # captures doubles (1, 2, 4, 8, 16, …), so about one step in the sampling period.
+    assert captured == [2, 5, 9, 14, 22, 38]
+
+
+def test_shape_fingerprint_off_and_unsampled_steps_pay_nothing():
+    client, events = make_client(opseq_shapes=False)
+    opseq.setup_once(client)
+    run_gpt(client, {1: 16, 2: 16, 3: 24, 4: 24})
+    steps = of_type(events, "step")
+    assert len(steps) == 4 and not any("shape_fp" in e or "opseq" in e for e in steps)
+
+
+def test_a_compiled_model_is_not_recompiled_by_the_module_hook():
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    client, events = make_client()
+    opseq.setup_once(client)
+    torch._dynamo.reset()
+    counters.clear()
+    model = mlp()
+    compiled = torch.compile(model, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that global hooks see the wrapper too
+        for n in range(1, 6):
+            with collector.step(n):
+                compiled(torch.randn(32, 8)).sum().backward()
+    client.flush()
+    assert counters["stats"]["unique_graphs"] == 1
+    fps = [e.get("shape_fp") for e in of_type(events, "step")]
+    assert len(fps) == 5 and fps[0] and len(set(fps)) == 1
