@@ -160,6 +160,7 @@ class Alert:
     fire_time: float | None = None
     detected_step: int | None = None
     ranks_later: tuple[int, ...] | None = None  # the incident's ranks at its last update
+    component: str | None = None  # a slowdown's attribution (compute, comm, data)
 
 
 @dataclass
@@ -226,6 +227,7 @@ class IncidentTracker:
                         active=f.active,
                         fire_time=fire_time,
                         detected_step=int(detected) if detected is not None else None,
+                        component=f.evidence.get("component"),
                     )
                 )
                 row = _Row(
@@ -525,7 +527,7 @@ def matches(alert: Alert, fault: Fault, trial: Trial) -> bool:
     if alert.kind != fault.finding_kind:
         return False
     if fault.kind == "slowdown":
-        if alert.key != f"slowdown:{fault.component}":
+        if (alert.component or alert.key.partition(":")[2]) != fault.component:
             return False
     elif fault.kind == "loss_spike":
         if alert.ranks:

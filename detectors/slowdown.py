@@ -21,12 +21,19 @@ more where the baseline is noisy (sigma: robust spread of the baseline) — and 
 step after the sum last stood at zero. Capping each step at ``3d`` means a blip shorter than
 ``min_steps / 5`` steps can never alarm, however tall. An alarm is reported when the median
 step time from the onset on is at least ``min_shift`` above the median before it, over at
-least ``min_steps`` steps. The episode ends at the first ``min_steps`` steps in a row back
-below ``base + d/2`` (``active=False``); the search then goes on for later episodes.
+least ``min_steps`` steps, and the episode has lasted at least ``min_duration_s`` seconds of
+step time (a slowdown must be *material* — most steps of it, not a few, ``min_shift`` slower
+— and *sustained*: seconds of host contention, another process taking the cores for a
+moment, are not one). An episode not yet that long is not reported (it is pending). With
+the backend's window of the last 200 steps, a job whose steps are so short that 200 of them
+last under ``min_duration_s`` reports none; raise ``VIGIL_DETECT_WINDOW_STEPS`` for such
+jobs. The episode ends at the first ``min_steps`` steps in a row back below ``base + d/2``
+(``active=False``); the search then goes on for later episodes.
 
 Attribution: the component (compute, comm, data) whose median grew most in absolute seconds
-between the steps before the onset and the episode; kind ``slowdown``, key
-``slowdown:<component>``, no ranks (it is the whole job), score = relative rise (0.4 = 40%).
+between the steps before the onset and the episode; kind ``slowdown``, key ``slowdown`` (one
+job-wide step time, one slowdown at a time: the attribution may change between windows, the
+incident must not), no ranks (it is the whole job), score = relative rise (0.4 = 40%).
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class SlowdownConfig:
     """Smallest relative rise in step time that counts (0.15 = 15% slower)."""
     min_steps: int = 10
     """A rise must last this many steps; also the length of a recovery."""
+    min_duration_s: float = 60.0
+    """... and this many seconds (the sum of its step times): sustained, not a busy moment."""
     baseline_steps: int = 20
     """Valid steps at the start of the window that define the normal step time."""
     noise_h: float = 5.0
@@ -83,9 +92,10 @@ def detect_slowdown(
     step_s, comm_s, data_s: ``(R, S)`` or ``(S,)`` float seconds; NaN where not reported.
     steps: ``(S,)`` int, the training step of each column; default ``0..S-1``.
 
-    >>> t = np.r_[np.full(60, 0.50), np.full(40, 0.70)]
-    >>> [f.key for f in detect_slowdown(t, np.full(100, 0.1), np.zeros(100))]
-    ['slowdown:compute']
+    >>> t = np.r_[np.full(50, 0.50), np.full(100, 0.70)]    # 100 steps, 70 s slower
+    >>> [(f.key, f.evidence["component"]) for f in detect_slowdown(t, np.full(150, 0.1),
+    ...                                                           np.zeros(150))]
+    [('slowdown', 'compute')]
     """
     cfg = config or SlowdownConfig()
     step_a, comm_a, data_a = (as_2d_float(a) for a in (step_s, comm_s, data_s))
@@ -159,7 +169,9 @@ def _episodes(y: NDArray[np.float64], cfg: SlowdownConfig) -> list[tuple[int, in
         # clusters of one-rank pauses (GC, …) only lift the upper part of the distribution.
         low = np.percentile(y[onset : end + 1], 25)
         rise = math.expm1(low - np.median(prior)) if prior.size else 0.0
-        if end - onset + 1 >= cfg.min_steps and rise >= cfg.min_shift:
+        lasted_s = float(np.exp(y[onset : end + 1]).sum())
+        sustained = end - onset + 1 >= cfg.min_steps and lasted_s >= cfg.min_duration_s
+        if sustained and rise >= cfg.min_shift:
             out.append((onset, end, recovery >= n))
             before[onset : end + 1] = False
         start = recovery
@@ -187,6 +199,7 @@ def _finding(
         "after_step_s": _round(med_after["step"]),
         "rise_pct": round(100 * rise, 1),
         "steps_slow": end - onset + 1,
+        "slow_for_s": _round(float(job["step"][onset : end + 1].sum())),
         "component": cause,
     }
     for c in COMPONENTS:
@@ -207,7 +220,7 @@ def _finding(
         first_step=onset_step,
         score=round(rise, 3),
         summary=summary,
-        key=f"slowdown:{cause}",
+        key="slowdown",
         evidence=evidence,
         active=active,
         last_step=end_step,

@@ -36,6 +36,23 @@ wait included, and would look slow next to the ranks whose wait is known.
    an episode; its onset is the first over-threshold step of the window that first met the
    persistence rule. An episode still firing at the window's last step is ``active``; one
    that ended inside the window is reported with ``active=False`` and ``last_step``.
+5. Blips are noise: an episode that is already over, lasted fewer than ``blip_steps`` steps
+   and was under ``blip_ratio`` (1.3x) slower is not reported (the OS took a rank's core for
+   a moment on a busy host). A longer or larger episode, or one still going on, is.
+6. A noisy host: when more than one rank has an episode in the window (on a busy 2-core
+   machine the OS takes one rank's core, then another's, for a second or two at a time),
+   and always with two ranks, only episodes that lasted ``noisy_min_s`` (10 s) of step time
+   are reported, so contention is not a parade of stragglers while a real one, which
+   lasts, still shows. One straggler among quiet ranks is reported as soon as step 4 allows.
+
+**Two ranks.** A cross-rank median of two is their mean and their spread is the gap itself,
+so with two ranks (README's example) each rank is compared with *the other one*: its compute
+time over the other's, corrected by its normal ratio as above, over threshold when at least
+``rel_threshold`` above it and ``z_threshold`` robust standard deviations of that ratio's
+own step-to-step noise over the first ``baseline_steps`` steps. In synchronous training the
+slow rank is still the one that waits least, so it is named (evidence ``compared_with``:
+``"the other rank"``). Without collective waits (``comm_time`` missing) synchronous ranks
+show the same step time and nothing can be told apart; asynchronous ranks still can.
 
 Everything up to the per-rank episode bookkeeping is vectorized over ranks and steps; only
 ranks that fired are looked at one by one. 16,384 ranks x 200 steps take a few tens of ms.
@@ -79,8 +96,13 @@ class StragglerConfig:
         estimated (when the caller gives no ``baseline``).
     max_baseline_ratio: the largest slowdown that counts as a rank's normal (heterogeneous
         hardware); above it, the excess is a straggler from the window's start.
-    min_ranks: steps with fewer reporting ranks are ignored (no meaningful median).
+    min_ranks: steps with fewer reporting ranks are ignored (no meaningful median); a job
+        of exactly two ranks is compared pairwise instead (see the module's "Two ranks").
     critical_ratio: slowdown (vs the median rank) from which a finding is ``critical``.
+    blip_ratio, blip_steps: an episode already over, shorter than ``blip_steps`` steps and
+        under ``blip_ratio`` times slower than normal, is noise (not reported).
+    noisy_min_s: when more than one rank has an episode in the window, or the job has two
+        ranks, an episode must have lasted this many seconds (of step time) to be reported.
     """
 
     rel_threshold: float = 0.10
@@ -92,6 +114,9 @@ class StragglerConfig:
     max_baseline_ratio: float = 1.15
     min_ranks: int = 3
     critical_ratio: float = 1.5
+    blip_ratio: float = 1.3
+    blip_steps: int = 10
+    noisy_min_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.rel_threshold <= 0 or self.z_threshold < 0 or self.scale_floor <= 0:
@@ -137,7 +162,8 @@ def detect_stragglers(
         steps, step_time, comm_time, ranks, baseline
     )
     n_ranks, n_steps = times.shape
-    if n_ranks < cfg.min_ranks or n_steps == 0:
+    pairwise = n_ranks == 2
+    if (n_ranks < cfg.min_ranks and not pairwise) or n_steps == 0:
         return []
 
     # Work in (steps x ranks) layout: every per-step reduction runs along contiguous memory.
@@ -146,11 +172,17 @@ def detect_stragglers(
     if nonpositive.any():
         ratio[nonpositive] = np.nan  # no compute left (or bad data): treat as missing
 
-    # 1. Ratio to the cross-rank median, per step.
-    median, reporting = nanmedian_rows_counts(ratio)
-    median[(reporting < cfg.min_ranks) | ~(median > 0)] = np.nan
-    median_compute = median.copy()
-    ratio /= median.astype(np.float32)[:, None]  # in place: now compute / median compute
+    # 1. Ratio to the cross-rank median, per step (with two ranks: to the other rank).
+    median_compute: FloatArray
+    if pairwise:
+        other = np.ascontiguousarray(ratio[:, ::-1])
+        median_compute = other.astype(np.float64)  # (S, 2): each rank's reference
+        ratio /= other
+    else:
+        median, reporting = nanmedian_rows_counts(ratio)
+        median[(reporting < cfg.min_ranks) | ~(median > 0)] = np.nan
+        median_compute = median.copy()
+        ratio /= median.astype(np.float32)[:, None]  # in place: now compute / median compute
 
     # 2. Each rank's normal ratio, and the ratio corrected by it.
     base = _baselines(ratio, base_in, cfg)
@@ -158,7 +190,10 @@ def detect_stragglers(
     adj /= base.astype(np.float32)[None, :]
 
     # 3. Per-step robust scale of the corrected ratios; slow steps.
-    scale = mad_scale_rows(_rank_sample(adj), center=np.ones(n_steps), floor=cfg.scale_floor)
+    if pairwise:
+        scale = _pair_scale(adj, cfg)
+    else:
+        scale = mad_scale_rows(_rank_sample(adj), center=np.ones(n_steps), floor=cfg.scale_floor)
     margin = np.maximum(cfg.rel_threshold, cfg.z_threshold * scale)
     valid = np.isfinite(adj)
     over = adj >= (1.0 + margin).astype(np.float32)[:, None]  # NaN compares False
@@ -170,28 +205,41 @@ def detect_stragglers(
         count[lag:] += held[: n_steps - lag]
     firing = count >= cfg.persist_k
 
-    candidates = np.flatnonzero(firing.any(axis=0))
-    findings: list[Finding] = []
-    for col in candidates.tolist():
-        finding = _episode_finding(
-            col=col,
-            rank=int(rank_ids[col]),
-            step_ids=step_ids,
-            firing=firing[:, col],
-            held=held[:, col],
-            over=over[:, col],
-            valid=valid[:, col],
-            adj=adj[:, col],
-            base=float(base[col]),
-            scale=scale,
-            margin=margin,
-            median_compute=median_compute,
-            times=times,
-            comm=comm,
-            cfg=cfg,
-        )
-        if finding is not None:
-            findings.append(finding)
+    def episodes(cols: IntArray, step_s: FloatArray | None, min_span_s: float) -> list[Finding]:
+        out = []
+        for col in cols.tolist():
+            finding = _episode_finding(
+                col=col,
+                rank=int(rank_ids[col]),
+                step_ids=step_ids,
+                firing=firing[:, col],
+                held=held[:, col],
+                over=over[:, col],
+                valid=valid[:, col],
+                adj=adj[:, col],
+                base=float(base[col]),
+                scale=scale,
+                margin=margin,
+                median_compute=median_compute[:, col] if pairwise else median_compute,
+                pairwise=pairwise,
+                times=times,
+                comm=comm,
+                cfg=cfg,
+                step_s=step_s,
+                min_span_s=min_span_s,
+            )
+            if finding is not None:
+                out.append(finding)
+        return out
+
+    findings = episodes(np.flatnonzero(firing.any(axis=0)), None, 0.0)
+    if len(findings) > 1 or (pairwise and findings):
+        # 6. More than one rank had an episode in this window (a noisy host, or several slow
+        # ranks), or there are only two ranks, whose ratio carries both ranks' noise: only
+        # episodes that lasted ``noisy_min_s`` seconds of step time count.
+        cols = np.flatnonzero(np.isin(rank_ids, [f.ranks[0] for f in findings]))
+        step_s = nanmedian_rows(np.ascontiguousarray(times[cols].T))
+        findings = episodes(cols, step_s, cfg.noisy_min_s)
     findings.sort(key=lambda f: (-f.score, f.ranks))
     return findings
 
@@ -277,6 +325,18 @@ def _baselines(ratio: F32Array, given: FloatArray | None, cfg: StragglerConfig) 
     return clipped
 
 
+def _pair_scale(adj: F32Array, cfg: StragglerConfig) -> FloatArray:
+    """Two ranks: the robust step-to-step spread of rank 1's ratio to rank 0 (rank 0's is its
+    inverse) over the first ``baseline_steps`` steps, in ratio units, for every step."""
+    n_steps = adj.shape[0]
+    early = adj[: cfg.baseline_steps, 1].astype(np.float64)
+    early = np.log(early[np.isfinite(early) & (early > 0)])
+    spread = 0.0
+    if early.size:
+        spread = 1.4826 * float(np.median(np.abs(early - np.median(early))))
+    return np.full(n_steps, max(spread, cfg.scale_floor))
+
+
 def _carry_forward(over: BoolArray, valid: BoolArray) -> BoolArray:
     """``over`` with each missing step holding the rank's previous state (False before any)."""
     if valid.all():
@@ -309,9 +369,12 @@ def _episode_finding(
     scale: FloatArray,
     margin: FloatArray,
     median_compute: FloatArray,
+    pairwise: bool,
     times: FloatArray,
     comm: FloatArray | None,
     cfg: StragglerConfig,
+    step_s: FloatArray | None = None,
+    min_span_s: float = 0.0,
 ) -> Finding | None:
     """The finding for one rank that fired: its most recent episode, or None when every
     episode rests on fewer than ``persist_k`` observed slow steps (e.g. one slow step and
@@ -323,8 +386,17 @@ def _episode_finding(
         slow = over if over[window : end + 1].any() else held
         onset = window + int(np.argmax(slow[window : start + 1]))
         last = onset + int(np.flatnonzero(slow[onset : end + 1])[-1])
-        if int(over[onset : last + 1].sum()) >= cfg.persist_k:
-            episodes.append((onset, last, start, end))
+        if int(over[onset : last + 1].sum()) < cfg.persist_k:
+            continue
+        ended = end < firing.size - 1
+        if ended and last - onset + 1 < cfg.blip_steps:
+            seen_ = valid[onset : last + 1]
+            peak = _median(adj[onset : last + 1][seen_].astype(np.float64))
+            if peak < cfg.blip_ratio:
+                continue  # a short, mild blip that is over: noise
+        if step_s is not None and float(np.nansum(step_s[onset : last + 1])) < min_span_s:
+            continue  # a noisy host: not sustained (yet)
+        episodes.append((onset, last, start, end))
     if not episodes:
         return None
     onset, last, detected, end = episodes[-1]
@@ -355,12 +427,15 @@ def _episode_finding(
         "last_slow_step": last_step,
         "persistence": f"{cfg.persist_k} of {cfg.persist_m} steps",
     }
+    if pairwise:
+        evidence["compared_with"] = "the other rank"
     if len(episodes) > 1:
         evidence["earlier_episodes"] = [
             [int(step_ids[a]), int(step_ids[b])] for a, b, _, _ in episodes[:-1]
         ]
 
-    slower = f"{ratio:.2f}{TIMES} slower than the median rank"
+    than = "the other rank" if pairwise else "the median rank"
+    slower = f"{ratio:.2f}{TIMES} slower than {than}"
     if comm is None:
         slower += " (step time)"
     usual = f"; its normal is {base:.2f}{TIMES}" if base >= 1.02 else ""

@@ -8,6 +8,12 @@ the same transaction, so neither can be lost without the other:
 - the recovery policy proposes or creates an action for each newly opened incident
   (``backend.recovery.service.respond``).
 
+A slowdown linked as the consequence of another incident (``Changes.linked``) is neither
+notified nor acted on: its cause's notification and action are the ones for that fault; if
+it had opened before its cause was named, its actions not yet sent to ranks are withdrawn.
+An incident re-opened for the same episode (``Changes.reopened``) is notified as firing
+again, under the same id, and gets no second action.
+
 Sending the deliveries happens after the commit, off the detection path
 (``backend.alerts.tasks.queue_deliveries``): a webhook receiver that is down never slows
 detection.
@@ -26,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from backend.alerts.service import notify_changes
 from backend.incidents.service import Changes
-from backend.recovery.service import respond
+from backend.recovery.service import respond, withdraw
 from backend.settings import Settings
 
 log = logging.getLogger("backend.incidents")
@@ -34,15 +40,30 @@ log = logging.getLogger("backend.incidents")
 
 def follow_up(*, session: Session, changes: Changes, settings: Settings) -> list[int]:
     """Queue notifications and apply the recovery policy; returns the new delivery ids."""
-    if not (changes.opened or changes.resolved):
+    for row in changes.linked:
+        log.info("incident linked: %s %s", row.kind, row.summary)
+        for action in withdraw(
+            session=session,
+            incident=row,
+            reason=f"incident {row.id} is a consequence of incident "
+            f"{row.evidence.get('consequence_of')}, whose action is the one to take",
+        ):
+            log.warning("recovery: %s withdrawn for incident %s", action.kind, row.id)
+    if not (changes.opened or changes.resolved or changes.reopened):
+        session.flush()
         return []
     for row in changes.opened:
         log.warning("incident opened: %s %s (ranks %s)", row.kind, row.summary, row.ranks)
+    for row in changes.reopened:
+        log.warning("incident re-opened: %s %s (ranks %s)", row.kind, row.summary, row.ranks)
     for row in changes.resolved:
         log.info("incident resolved: %s %s", row.kind, row.summary)
     deliveries = notify_changes(
         session=session,
-        opened=changes.opened,
+        opened=[
+            *changes.opened,
+            *(r for r in changes.reopened if not (r.evidence or {}).get("consequence_of")),
+        ],
         resolved=changes.resolved,
         public_url=settings.public_url,
     )

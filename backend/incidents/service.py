@@ -6,7 +6,17 @@ incident's fingerprint is ``<job id>:<key>``. Applying the findings of one detec
 - an active finding updates the open incident with its fingerprint, or opens one;
 - an inactive finding (a transient episode that is already over) resolves the open
   incident, or records a resolved one if this episode was never seen open;
-- an open incident of a kind the run covered, whose finding is gone, is resolved.
+- an open incident of a kind the run covered, whose finding is gone, is resolved;
+- an active finding whose episode a *resolved* incident with its fingerprint already
+  covers (the same onset, seen again after the incident was resolved: a sliding window
+  re-dated it, or the condition flapped) re-opens that incident: same id, evidence
+  ``reopened`` counts how often; it is in ``Changes.reopened``, not ``opened``;
+- a job-wide ``slowdown`` that an open straggler, hang or slow link (``comm_anomaly`` naming
+  ranks) explains — its onset within ``LINK_SLACK_STEPS`` steps of theirs — is linked to
+  it as a consequence: evidence ``consequence_of`` holds the cause's id and the summary says
+  so. A slowdown linked as it opens is in ``Changes.linked``, not ``opened``: one fault,
+  one notification, one proposed action (``backend.incidents.follow_up``). One linked
+  after it opened is in ``Changes.linked`` too; its open actions are withdrawn.
 """
 
 from __future__ import annotations
@@ -22,15 +32,23 @@ from backend.db import utcnow
 from backend.incidents.models import Incident
 from detectors.finding import Finding
 
+# Incident kinds whose named ranks explain a job-wide slowdown (everyone waits for them).
+CAUSES = ("straggler", "hang", "comm_anomaly")
+LINK_SLACK_STEPS = 50
+# Evidence keys the backend owns: kept when a detector's new evidence replaces the rest.
+_KEPT = ("reopened", "consequence_of")
+
 
 @dataclass
 class Changes:
     opened: list[Incident] = field(default_factory=list)
     updated: list[Incident] = field(default_factory=list)
     resolved: list[Incident] = field(default_factory=list)
+    reopened: list[Incident] = field(default_factory=list)
+    linked: list[Incident] = field(default_factory=list)  # newly linked consequences
 
     def __bool__(self) -> bool:
-        return bool(self.opened or self.updated or self.resolved)
+        return bool(self.opened or self.updated or self.resolved or self.reopened or self.linked)
 
 
 def fingerprint(job_id: int, key: str) -> str:
@@ -56,6 +74,14 @@ def apply_findings(
         row = open_rows.get(fp)
         if row is None and not f.active and _episode_known(session, fp, f):
             continue  # this finished episode is already on record
+        if row is None and f.active:
+            row = _resolved_episode(session, fp, f)
+            if row is not None:  # the same episode again: the same incident
+                row.status, row.resolved_at = "open", None
+                row.evidence = {**row.evidence, "reopened": row.evidence.get("reopened", 0) + 1}
+                row.evidence.pop("resolved_because", None)
+                changes.reopened.append(row)
+                open_rows[fp] = row
         if row is None:
             row = Incident(
                 job_id=job_id, kind=f.kind, fingerprint=fp, status="open", detected_at=now
@@ -75,7 +101,70 @@ def apply_findings(
             row.evidence = {**row.evidence, "resolved_because": "condition no longer detected"}
             changes.resolved.append(row)
     session.flush()
+    _link_consequences(session, job_id, changes)
     return changes
+
+
+def _resolved_episode(session: Session, fp: str, f: Finding) -> Incident | None:
+    """The latest resolved incident with this fingerprint whose episode the active finding
+    continues: it began at or before the point where that incident was last known."""
+    if f.first_step is None:
+        return None
+    rows = session.scalars(
+        select(Incident)
+        .where(Incident.fingerprint == fp, Incident.status == "resolved")
+        .order_by(Incident.id.desc())
+        .limit(5)
+    )
+    for row in rows:
+        if row.first_step is None:
+            continue
+        known_to = max(row.first_step, int((row.evidence or {}).get("last_step", row.first_step)))
+        if f.first_step <= known_to:
+            return row
+    return None
+
+
+def _link_consequences(session: Session, job_id: int, changes: Changes) -> None:
+    """Link each open, unlinked slowdown of the job to an open cause that explains it."""
+    rows = list(
+        session.scalars(
+            select(Incident)
+            .where(Incident.job_id == job_id, Incident.status == "open")
+            .order_by(Incident.id)
+        )
+    )
+    causes = [r for r in rows if r.kind in CAUSES and r.ranks]
+    for row in rows:
+        if row.kind != "slowdown":
+            continue
+        cause_id = (row.evidence or {}).get("consequence_of")
+        cause = next((c for c in causes if c.id == cause_id), None)
+        if cause is None:
+            cause = next((c for c in causes if _explains(c, row)), None)
+            if cause is None:
+                continue
+            row.evidence = {**row.evidence, "consequence_of": cause.id}
+            if row in changes.opened:
+                changes.opened.remove(row)
+            changes.linked.append(row)
+        note = f" (a consequence of incident #{cause.id}: {_name(cause)})"
+        if not row.summary.endswith(note):
+            row.summary += note
+    session.flush()
+
+
+def _explains(cause: Incident, slowdown: Incident) -> bool:
+    if cause.first_step is None or slowdown.first_step is None:
+        return cause.kind == "hang"
+    return abs(slowdown.first_step - cause.first_step) <= LINK_SLACK_STEPS
+
+
+def _name(cause: Incident) -> str:
+    ranks = ", ".join(str(r) for r in (cause.ranks or [])[:8])
+    more = "…" if len(cause.ranks or []) > 8 else ""
+    label = {"comm_anomaly": "slow link"}.get(cause.kind, cause.kind)
+    return f"{label}, rank{'s' if len(cause.ranks or []) > 1 else ''} {ranks}{more}"
 
 
 def _episode_known(session: Session, fp: str, f: Finding) -> bool:
@@ -103,7 +192,8 @@ def _episode_known(session: Session, fp: str, f: Finding) -> bool:
 
 
 def _differs(row: Incident, f: Finding) -> bool:
-    return (row.severity, list(row.ranks or []), row.summary) != (
+    summary = row.summary.split(" (a consequence of incident #")[0]
+    return (row.severity, list(row.ranks or []), summary) != (
         f.severity,
         list(f.ranks),
         f.summary,
@@ -117,7 +207,12 @@ def _copy(row: Incident, f: Finding, now: Any) -> None:
         row.first_step = f.first_step
     row.score = float(f.score)
     row.summary = f.summary
-    row.evidence = {**f.evidence, **({"last_step": f.last_step} if f.last_step is not None else {})}
+    kept = {k: row.evidence[k] for k in _KEPT if k in (row.evidence or {})}
+    row.evidence = {
+        **f.evidence,
+        **({"last_step": f.last_step} if f.last_step is not None else {}),
+        **kept,
+    }
     row.updated_at = now
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "list_policies",
     "put_policy",
     "respond",
+    "withdraw",
 ]
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,23 @@ def respond(
         if action is not None:
             created.append(action)
     return created
+
+
+def withdraw(
+    *, session: Session, incident: Incident, reason: str, now: datetime | None = None
+) -> list[Action]:
+    """Cancel the incident's actions that no rank has received yet (proposed or pending),
+    e.g. when it turns out to be the consequence of another incident, whose own action is
+    the one to take. Audited as a cancellation by ``policy`` with ``reason``."""
+    now = now or utcnow()
+    waiting = session.scalars(
+        select(Action).where(
+            Action.incident_id == incident.id, Action.state.in_(("proposed", "pending"))
+        )
+    ).all()
+    for action in waiting:
+        cancel(session=session, action_id=action.id, actor=POLICY_ACTOR, note=reason, now=now)
+    return list(waiting)
 
 
 def _respond_one(

@@ -20,6 +20,13 @@ live client: group label, member ranks, op, bytes of its input tensors.
 - DDP's gradient all-reduces run in C++; at a DDP module's first forward a communication
   hook that times each bucket is registered (torch's ``allreduce_hook``, which gives the same
   result as the built-in one). A hook the user registers replaces it and is timed the same way.
+  A DDP module built *before* ``vigil.init()`` gets the same hook at its first forward after
+  it (``DDP.forward`` is wrapped at class level). Where that cannot be done — a hook was
+  registered before init, or a built-in C++ hook (e.g. ``FP16_COMPRESS`` via
+  ``_register_builtin_comm_hook``) — the gradient all-reduces are not timed, the straggler
+  detector cannot see which rank waits least, and the collector says so once: a warning in
+  the log and a ``collectives_untimed`` event (``attrs``: ``rank``, ``what``, ``reason``)
+  that the job page shows as "collectives not timed on ranks …".
 
 Group labels: ``"world"`` for the default group (members left out: everyone), otherwise the
 c10d group name, prefixed by the group's description when one was given (``"mesh_dp/2"``).
@@ -490,6 +497,13 @@ def _patch_ddp(c10d: Any) -> None:
 
     init, register = DDP.__init__, DDP.register_comm_hook
     builtin: Any = DDP._register_builtin_comm_hook
+    forward: Any = DDP.forward
+
+    @functools.wraps(forward)
+    def forward_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self not in _ddp:  # built before vigil.init(): adopt it now, once
+            _adopt(self)
+        return forward(self, *args, **kwargs)
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -537,10 +551,58 @@ def _patch_ddp(c10d: Any) -> None:
             return
         _ddp_state(self).user = True  # a C++ hook: not timed
         builtin(self, comm_hook_type)
+        _untimed(f"a built-in C++ communication hook ({comm_hook_type}) runs the all-reduces")
 
     DDP.__init__ = __init__  # type: ignore[method-assign]
     DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
     DDP._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
+    DDP.forward = forward_  # type: ignore[method-assign]
+
+
+def _adopt(module: Any) -> None:
+    """A DDP module built before ``vigil.init()``: register the bucket hook now, or say
+    that its gradient all-reduces cannot be timed. Never raises."""
+    try:
+        st = _ddp_state(module)
+        if collector.get_client() is None or _compiling():
+            return
+        if getattr(module, "_use_python_reducer", False):
+            return
+        if getattr(module, "_divide_by_initial_world_size", True) is False or _sparse(module):
+            return
+        if getattr(module, "_comm_hooks", None):
+            _untimed("a communication hook was registered before vigil.init()")
+            return
+        try:
+            _install(module, st)
+        except RuntimeError:
+            _untimed("a built-in C++ communication hook was registered before vigil.init()")
+    except Exception:
+        log.debug("vigil: could not adopt a DDP module built before init", exc_info=True)
+
+
+_warned_untimed = False
+
+
+def _untimed(reason: str) -> None:
+    """Say once per process, loudly, that DDP's gradient all-reduces are not timed."""
+    global _warned_untimed
+    client = collector.get_client()
+    if _warned_untimed or client is None:
+        return
+    _warned_untimed = True
+    rank = client.config.rank
+    log.warning(
+        "vigil: collectives not timed on rank %d: DDP's gradient all-reduces are invisible "
+        "(%s), so a straggler cannot be named. Call vigil.init() before wrapping the model "
+        "in DistributedDataParallel, and register communication hooks after it.",
+        rank,
+        reason,
+    )
+    try:
+        client.event("collectives_untimed", rank=rank, what="ddp_gradients", reason=reason)
+    except Exception:
+        log.debug("vigil: could not report untimed collectives", exc_info=True)
 
 
 def _python_builtin(comm_hook_type: Any) -> Any:
@@ -574,14 +636,19 @@ def _first_forward(module: Any, args: Any) -> None:
         # sparse gradients stay on the built-in path too.
         if getattr(module, "_divide_by_initial_world_size", True) is False or _sparse(module):
             return
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        label, members = _ddp_group(module)
-        slot = _HookSlot(label, members, allreduce_hook, module.process_group)
-        _dist._register_comm_hook(module.reducer, slot, _slot_hook)
-        st.slot = slot
+        _install(module, st)
     except Exception:
         log.debug("vigil: could not register the DDP bucket hook", exc_info=True)
+
+
+def _install(module: Any, st: _DdpState) -> None:
+    """Register our timing bucket hook on the module's reducer (raises if torch refuses)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    label, members = _ddp_group(module)
+    slot = _HookSlot(label, members, allreduce_hook, module.process_group)
+    _dist._register_comm_hook(module.reducer, slot, _slot_hook)
+    st.slot = slot
 
 
 def _sparse(module: Any) -> bool:

@@ -67,8 +67,11 @@ def _entry(rank: int, port: int, name: str, out_dir: str, kwargs: dict[str, Any]
             world_size=WORLD,
             timeout=datetime.timedelta(seconds=60),
         )
-        client, events = make_client(rank, **kwargs.pop("config", {}))
-        result = JOBS[name](rank, client, events, **kwargs)
+        if name in BEFORE_INIT:  # the job sets the collector up itself, part-way through
+            result = BEFORE_INIT[name](rank, **kwargs)
+        else:
+            client, events = make_client(rank, **kwargs.pop("config", {}))
+            result = JOBS[name](rank, client, events, **kwargs)
         dist.barrier()
         dist.destroy_process_group()
         out = {"result": result}
@@ -316,3 +319,50 @@ def ddp(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 JOBS = {"collectives": collectives, "blocked": blocked, "ddp": ddp}
+
+
+def ddp_before_init(rank: int) -> dict[str, Any]:
+    """``vigil.init()`` after the model was wrapped in DDP (issue 17): a plain DDP and one
+    with a built-in C++ hook, both built before the collector was set up."""
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+    early = DDP(model())
+    builtin = DDP(model())
+    builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)  # C++: untimeable
+    early(torch.randn(4, 16)).sum().backward()  # and a step before init, too
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("vigil.collector").addHandler(Keep(level=logging.WARNING))
+    client, events = make_client(rank)
+    for step in range(3):
+        for net, first in ((early, 0), (builtin, 10)):
+            client.begin_step(first + step)
+            net(torch.randn(4, 16)).sum().backward()
+            client.end_step()
+    client.begin_step(99)
+    client.end_step()
+    return {
+        "all_reduce_steps": sorted(
+            {e["step"] for e in events if e["type"] == "collective" and e["op"] == "all_reduce"}
+        ),
+        "untimed": [
+            e for e in events if e["type"] == "event" and e["name"] == "collectives_untimed"
+        ],
+        "warnings": [m for m in records if "not timed" in m],
+    }
+
+
+BEFORE_INIT = {"ddp_before_init": ddp_before_init}

@@ -169,3 +169,20 @@ def test_payload_bytes():
     tensors = [torch.zeros(3, dtype=torch.float16), torch.zeros(2, 2, dtype=torch.int64)]
     assert torch_distributed._tensor_bytes(tensors) == 3 * 2 + 4 * 8
     assert torch_distributed._tensor_bytes(None) == 0
+
+
+@pytest.fixture(scope="module")
+def before_init(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_job("ddp_before_init", tmp_path_factory.mktemp("before_init"))
+
+
+def test_ddp_built_before_init_is_timed_and_an_untimeable_one_is_reported(before_init):
+    for rank, out in enumerate(before_init):
+        # The plain DDP built (and even stepped) before init: its buckets are timed.
+        assert out["all_reduce_steps"] == [0, 1, 2]
+        # The one with a C++ hook cannot be: said once, in the log and as an event the job
+        # page shows ("collectives not timed on ranks …").
+        [event] = out["untimed"]
+        assert event["attrs"]["rank"] == rank and event["attrs"]["what"] == "ddp_gradients"
+        assert "C++" in event["attrs"]["reason"]
+        assert len(out["warnings"]) == 1 and f"rank {rank}" in out["warnings"][0]

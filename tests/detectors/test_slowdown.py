@@ -12,6 +12,9 @@ from detectors.slowdown import SlowdownConfig, detect_slowdown
 
 R, S = 64, 200
 COMPUTE_S, COMM_S, DATA_S = 0.40, 0.10, 0.02
+# Onset, attribution and episode logic on short runs: the duration rule is tested on its own
+# (test_a_slowdown_must_be_sustained_for_min_duration_s).
+ANY_LENGTH = SlowdownConfig(min_duration_s=0.0)
 
 
 def job(
@@ -48,10 +51,12 @@ def test_noisy_runs_produce_nothing(seed: int) -> None:
 def test_sustained_shift_found_with_onset_and_cause(component: str, add_s: float) -> None:
     steps = np.arange(S) + 5000
 
-    (f,) = detect_slowdown(*job(1, onset=120, component=component, add_s=add_s), steps=steps)
+    (f,) = detect_slowdown(
+        *job(1, onset=120, component=component, add_s=add_s), steps=steps, config=ANY_LENGTH
+    )
 
     assert (f.kind, f.severity, f.ranks) == ("slowdown", "warning", ())
-    assert f.key == f"slowdown:{component}"
+    assert f.key == "slowdown" and f.evidence["component"] == component
     assert abs(f.first_step - 5120) <= 1
     assert f.active and f.last_step == 5199
     ev = f.evidence
@@ -64,9 +69,11 @@ def test_sustained_shift_found_with_onset_and_cause(component: str, add_s: float
 
 
 def test_recovered_slowdown_is_inactive_with_its_last_step() -> None:
-    (f,) = detect_slowdown(*job(2, onset=80, end=130, component="data", add_s=0.3))
+    (f,) = detect_slowdown(
+        *job(2, onset=80, end=130, component="data", add_s=0.3), config=ANY_LENGTH
+    )
 
-    assert f.key == "slowdown:data" and not f.active
+    assert (f.key, f.evidence["component"], f.active) == ("slowdown", "data", False)
     assert abs(f.first_step - 80) <= 1 and abs(f.last_step - 129) <= 1
     assert "recovered after step" in f.summary
 
@@ -77,10 +84,10 @@ def test_two_episodes_two_findings() -> None:
     extra[140:] = 0.2
     step, comm = step + extra, comm + extra
 
-    first, second = detect_slowdown(step, comm, data)
+    first, second = detect_slowdown(step, comm, data, config=ANY_LENGTH)
 
-    assert (first.key, first.active) == ("slowdown:compute", False)
-    assert (second.key, second.active) == ("slowdown:comm", True)
+    assert (first.evidence["component"], first.active) == ("compute", False)
+    assert (second.evidence["component"], second.active) == ("comm", True)
     assert abs(second.first_step - 140) <= 1
     assert second.evidence["before_step_s"] == pytest.approx(0.52, rel=0.03)
 
@@ -106,9 +113,9 @@ def test_constant_series_then_exact_onset() -> None:
     assert detect_slowdown(step, comm, data) == []
     step[70:] = 0.7
 
-    (f,) = detect_slowdown(step, comm, data)
+    (f,) = detect_slowdown(step, comm, data, config=ANY_LENGTH)
 
-    assert f.first_step == 70 and f.key == "slowdown:compute"
+    assert f.first_step == 70 and f.evidence["component"] == "compute"
     assert f.evidence["rise_pct"] == pytest.approx(40.0)
 
 
@@ -117,7 +124,7 @@ def test_missing_steps_are_skipped() -> None:
     step[:, 50:55] = np.nan  # nobody reported these steps
     step[::2, 130] = np.nan  # half the ranks missed this one
 
-    (f,) = detect_slowdown(step, comm, data)
+    (f,) = detect_slowdown(step, comm, data, config=ANY_LENGTH)
 
     assert abs(f.first_step - 120) <= 1
 
@@ -144,3 +151,42 @@ def test_timing_at_scale() -> None:
     t0 = time.perf_counter()
     detect_slowdown(step, comm, data)
     print(f"\ndetect_slowdown 16384x200: {1e3 * (time.perf_counter() - t0):.1f} ms")
+
+
+# --- material and sustained (issue 17: clean jobs on a busy host) ---------------------------
+
+
+def contended(seed: int, steps: int = 200, step_s: float = 0.025) -> np.ndarray:
+    """A fast job on a loaded host: spells of 1–2 s at up to 2.7x the step time (another
+    process took the cores), between quiet ones; no fault."""
+    rng = np.random.default_rng(seed)
+    t = step_s * (1 + rng.normal(0, 0.05, steps))
+    s = int(rng.integers(5, 30))
+    while s < steps:
+        n = int(rng.integers(20, 80))  # 0.5–2 s of contention
+        t[s : s + n] *= rng.uniform(1.4, 2.7)
+        s += n + int(rng.integers(5, 60))
+    return np.broadcast_to(t, (2, steps)).copy()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_seconds_of_host_contention_are_not_a_slowdown(seed: int) -> None:
+    step = contended(seed)
+    assert detect_slowdown(step, 0.3 * step, np.zeros_like(step)) == []
+
+
+def test_a_slowdown_must_be_sustained_for_min_duration_s() -> None:
+    step = np.full(200, 0.5)
+    step[130:] = 0.75  # +50% for 70 steps, 52.5 s: not yet sustained
+    assert detect_slowdown(step, np.full(200, 0.1), np.zeros(200)) == []
+    step[110:] = 0.75  # 90 steps, 67.5 s
+    (f,) = detect_slowdown(step, np.full(200, 0.1), np.zeros(200))
+    assert f.first_step == 110 and f.evidence["slow_for_s"] == pytest.approx(67.5)
+    assert SlowdownConfig().min_duration_s == 60.0
+
+
+def test_the_key_does_not_depend_on_the_component() -> None:
+    """Attribution may change between windows; the incident must not (it is one slowdown)."""
+    step, comm, data = job(9, onset=100, component="comm", add_s=0.2)
+    (f,) = detect_slowdown(step, comm, data)
+    assert f.key == "slowdown" and f.evidence["component"] == "comm"

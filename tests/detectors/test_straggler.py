@@ -315,3 +315,37 @@ def test_mad_scale_rows_has_a_floor() -> None:
     np.testing.assert_allclose(
         mad_scale_rows(rows, center=[2.0, 5.0], floor=0.1), [1.4826, 0.1], rtol=1e-6
     )
+
+
+# --- issue 17: two-rank jobs, and one-rank blips ---------------------------------------------
+
+
+def test_two_rank_job_names_the_rank_that_waits_least() -> None:
+    """README's example is 2 ranks: the slow one is still the one that waits least."""
+    step_time, comm_time = sync_job(2, 120, slow_rank=1, slow_from=30)
+
+    [finding] = detect_stragglers(np.arange(120), step_time, comm_time)
+
+    assert finding.ranks == (1,) and finding.first_step == 30 and finding.active
+    assert finding.evidence["compared_with"] == "the other rank"
+    assert finding.evidence["ratio"] == pytest.approx(0.85 / 0.6, abs=0.05)
+
+
+def test_two_rank_job_without_a_fault_or_without_waits_gives_nothing() -> None:
+    for seed in range(5):
+        compute = 0.6 * (1.0 + 0.02 * np.random.default_rng(seed).standard_normal((2, 200)))
+        step = np.broadcast_to(compute.max(axis=0) + 0.1, (2, 200)).copy()
+        assert detect_stragglers(np.arange(200), step, step - compute) == []
+    # Without collective waits two ranks show the same step time: nothing to tell apart.
+    step_time, _ = sync_job(2, 120, slow_rank=1, slow_from=30)
+    assert detect_stragglers(np.arange(120), step_time) == []
+
+
+def test_a_short_mild_blip_that_is_already_over_is_noise() -> None:
+    """One rank 1.2x slower for 6 steps (the OS took its core): no incident."""
+    times = jittered(4, 200, seed=21, noise=0.005)
+    times[0, 40:46] *= 1.2
+    assert detect_stragglers(np.arange(200), times) == []
+    times[0, 40:46] *= 1.5  # 1.8x: a real (if short) episode is still reported
+    [finding] = detect_stragglers(np.arange(200), times)
+    assert finding.ranks == (0,) and not finding.active
