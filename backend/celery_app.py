@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import worker_process_init
+from celery.beat import PersistentScheduler
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
@@ -54,6 +56,29 @@ celery.conf.update(
     timezone="UTC",
     enable_utc=True,
 )
+
+
+# Ride out a broker restart instead of exiting: retry connecting for ever (at start too),
+# the transport whose close survives a lost Redis (``backend.broker``), dead sockets found
+# by keepalive and health checks rather than by a task that hangs. A late-acked task
+# running when the broker goes away is cancelled (it could not be acknowledged anyway);
+# detection re-queues what a lost task would have done (``backend.detection.schedule``).
+BROKER_RESILIENCE: dict[str, Any] = {
+    "broker_transport": "backend.broker:Transport",
+    "broker_connection_retry": True,
+    "broker_connection_retry_on_startup": True,
+    "broker_connection_max_retries": None,
+    "broker_transport_options": {
+        "socket_connect_timeout": 5,
+        "socket_keepalive": True,
+        "health_check_interval": 10,
+        "retry_on_timeout": True,
+        # A message a SIGKILLed worker held comes back after this long. Longer than any
+        # task may run (time limit + 30 s), so a running task is never handed out twice.
+        "visibility_timeout": 600,
+    },
+    "worker_cancel_long_running_tasks_on_connection_loss": True,
+}
 
 
 @dataclass
@@ -89,8 +114,9 @@ def configure(settings: Settings, factory: sessionmaker[Session] | None = None) 
             task_acks_late=True,  # tasks are idempotent: a worker lost mid-task is redone
             task_reject_on_worker_lost=True,
             worker_prefetch_multiplier=1,
-            broker_connection_retry_on_startup=True,
+            **BROKER_RESILIENCE,
             beat_schedule=beat_schedule(settings),
+            beat_scheduler="backend.celery_app:BeatScheduler",
         )
     _runtime = Runtime(settings=settings, factory=factory, redis=redis)
     return _runtime
@@ -117,7 +143,61 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "vigil.expire_actions": 15.0,
         "vigil.retention": 3600.0,
     }
-    return {name: {"task": name, "schedule": seconds} for name, seconds in every.items()}
+    # A periodic task that waited longer than its period (no worker was up) is dropped
+    # unrun when a worker gets it: the next one is due anyway, and a backlog of stale
+    # sweeps must not stand between a worker that is back and the detection runs.
+    return {
+        name: {"task": name, "schedule": seconds, "options": {"expires": seconds}}
+        for name, seconds in every.items()
+    }
+
+
+class BeatScheduler(PersistentScheduler):  # type: ignore[misc]
+    """Celery's scheduler, which also says every few seconds that beat is alive
+    (``/readyz``) and, every detection interval, re-queues detection runs that were lost
+    (``backend.detection.schedule.requeue_overdue``: beat does it itself, so the runs are
+    queued before a worker that was down comes back)."""
+
+    _requeued_at = 0.0
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        from backend.detection.schedule import requeue_overdue
+        from backend.readiness import HEARTBEAT_S, heartbeat
+
+        heartbeat("beat")
+        every = runtime().settings.detect_interval_s
+        if every > 0 and time.monotonic() - self._requeued_at >= every:
+            self._requeued_at = time.monotonic()
+            try:
+                requeue_overdue()
+            except RedisError as exc:  # Redis is away: the next tick tries again
+                log.warning("could not re-queue overdue detection: %s", exc)
+        wait = min(float(super().tick(*args, **kwargs)), HEARTBEAT_S)
+        return min(wait, every) if every > 0 else wait
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _worker_init(**_: Any) -> None:
+    # Import every detector module before the pool forks, not in each child's first run
+    # (a second per child on a small box: detection after a worker restart waited for it).
+    from detectors import registry
+
+    registry.detectors()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _worker_ready(**_: Any) -> None:
+    # The worker's main process says it is alive every few seconds, until it stops.
+    from backend.readiness import start_heartbeat
+
+    start_heartbeat("worker")
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _worker_shutdown(**_: Any) -> None:
+    from backend.readiness import stop_heartbeat
+
+    stop_heartbeat("worker")
 
 
 def vigil_task(
@@ -160,22 +240,31 @@ def vigil_task(
 
 
 @contextmanager
-def redis_lock(name: str, ttl_s: float) -> Iterator[bool]:
+def redis_lock(name: str, ttl_s: float, *, renew: bool = False) -> Iterator[bool]:
     """Hold ``vigil:lock:<name>`` for at most ``ttl_s``; yields whether we got it.
 
     Embedded mode has one process and its ticker runs one thing at a time: always True.
     The lock is released only by its holder (compare-and-delete), so a holder that ran
-    past its TTL cannot free someone else's lock.
+    past its TTL cannot free someone else's lock. With ``renew`` it is a lease: a thread
+    extends it every ``ttl_s / 3`` while the holder runs, so the TTL can be short (a
+    holder that is killed frees it within ``ttl_s``) however long the work takes.
     """
     redis = runtime().redis
     if redis is None:
         yield True
         return
     key, token = f"{KEY_PREFIX}lock:{name}", uuid.uuid4().hex
-    got = bool(redis.set(key, token, nx=True, px=max(1, int(ttl_s * 1000))))
+    ttl_ms = max(1, int(ttl_s * 1000))
+    got = bool(redis.set(key, token, nx=True, px=ttl_ms))
+    stop = threading.Event()
+    if got and renew:
+        threading.Thread(
+            target=_renew, args=(redis, key, token, ttl_ms, stop), name="vigil-lease", daemon=True
+        ).start()
     try:
         yield got
     finally:
+        stop.set()
         if got:
             try:
                 redis.eval(_RELEASE, 1, key, token)
@@ -183,7 +272,21 @@ def redis_lock(name: str, ttl_s: float) -> Iterator[bool]:
                 log.warning("could not release lock %s; it expires in %.0f s", key, ttl_s)
 
 
+def _renew(redis: Redis, key: str, token: str, ttl_ms: int, stop: threading.Event) -> None:
+    while not stop.wait(ttl_ms / 3000):
+        try:
+            if not redis.eval(_EXTEND, 1, key, token, ttl_ms):
+                log.warning("lost lock %s while holding it", key)
+                return
+        except RedisError:
+            pass  # Redis is away: the lease runs out, as it should
+
+
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+_EXTEND = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """

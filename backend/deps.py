@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from backend.db import session_scope
@@ -26,3 +26,11 @@ def get_session(request: Request) -> Iterator[Session]:
 
 # scope="function": commit before the response is sent, so a 2xx means it is stored.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+# Row ids are INTEGER columns: a larger number is no id (422), not a database error (500).
+MAX_ROW_ID = 2**31 - 1
+RowId = Annotated[int, Path(ge=0, le=MAX_ROW_ID)]
+RowIdQuery = Annotated[int | None, Query(ge=0, le=MAX_ROW_ID)]
+# Steps and ranks as query filters: no larger than ingest stores (``backend.ingest.schemas``).
+StepQuery = Annotated[int | None, Query(ge=0, le=2**53 - 1)]
+RankQuery = Annotated[int | None, Query(ge=0, le=MAX_ROW_ID)]

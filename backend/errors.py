@@ -27,13 +27,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import (
-    http_exception_handler,
-    request_validation_exception_handler,
-)
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +69,67 @@ class Invalid(DomainError, ValueError):
     code = "invalid"
 
 
+# --- the body, as the OpenAPI document describes it ----------------------------------------
+
+
+class FieldError(BaseModel):
+    """One invalid field of a request."""
+
+    field: str = Field(examples=["events[3].duration_s"], description="Where, as a path.")
+    msg: str = Field(description="What is wrong with it.")
+    type: str = Field(examples=["greater_than_equal"], description="The kind of error.")
+    loc: list[int | str] | None = Field(
+        None, description="The location as pydantic gives it (request validation only)."
+    )
+
+
+class ErrorOut(BaseModel):
+    """The body of every 4xx/5xx of the REST API; some errors add keys (e.g. ``guards``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(examples=["not_found"], description="The error's code.")
+    status: int = Field(examples=[404], description="The HTTP status, repeated.")
+    detail: str | list[FieldError] = Field(
+        description="A message, or for invalid fields the list of them."
+    )
+
+
+# What each documented error status means, for ``responses=`` of the routes.
+ERROR_DESCRIPTIONS = {
+    400: "Bad request: the body could not be parsed",
+    401: "Missing, invalid or revoked token",
+    403: "The token lacks the scope",
+    404: "Not found",
+    409: "Conflict with the current state",
+    413: "Request body too large",
+    415: "Unsupported media type or encoding",
+    422: "Invalid input; `detail` names the fields",
+    429: "Too many requests; honour `Retry-After`",
+    503: "Unavailable; honour `Retry-After`",
+}
+
+
+def errors(*statuses: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: each status with the one error body.
+
+    >>> @router.get("/jobs/{job}", responses=errors(404))          # doctest: +SKIP
+    """
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        text = descriptions.get(f"e{status}") or ERROR_DESCRIPTIONS.get(status) or code_for(status)
+        out[status] = {"model": ErrorOut, "description": text}
+    return out
+
+
 # --- the central handlers ------------------------------------------------------------------
 
 API_PREFIX = "/api/"
 INTERNAL_DETAIL = "internal error; see the server log"
 MAX_FIELD_ERRORS = 50  # of a request's invalid fields, the first ones are named
+# A message may quote what was sent ("unknown kind '…'"): past this length only its start
+# and end are kept, so an error never echoes a huge input (nor costs the time to encode it).
+MAX_MESSAGE_CHARS = 400
 
 # ``error`` for an HTTP status (HTTPException: auth, routing, size and media limits, 429).
 CODES = {
@@ -102,9 +158,32 @@ def code_for(status: int) -> str:
         return "error"
 
 
+def excerpt(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` if short; else its start and its end (where a message's advice usually is)
+    around a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}…[{len(text) - 2 * keep} characters cut]…{text[-keep:]}"
+
+
+def clipped(value: Any, depth: int = 0) -> Any:
+    """``value`` with every string cut to an excerpt and lists to ``MAX_FIELD_ERRORS``."""
+    if isinstance(value, str):
+        return excerpt(value)
+    if depth > 4:
+        return excerpt(repr(value))
+    if isinstance(value, list | tuple):
+        return [clipped(v, depth + 1) for v in value[:MAX_FIELD_ERRORS]]
+    if isinstance(value, dict):
+        items = list(value.items())[:MAX_FIELD_ERRORS]
+        return {excerpt(str(k)): clipped(v, depth + 1) for k, v in items}
+    return value
+
+
 def error_body(status: int, code: str, detail: Any, extra: dict[str, Any] | None = None) -> Any:
     """The one error body: ``error``, ``status``, ``detail``, then any extra keys."""
-    body: dict[str, Any] = {"error": code, "status": status, "detail": detail}
+    body: dict[str, Any] = {"error": code, "status": status, "detail": clipped(detail)}
     for key, value in (extra or {}).items():
         body.setdefault(key, value)  # the three keys above always win
     return jsonable_encoder(body)
@@ -143,8 +222,28 @@ async def domain_error_handler(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+def allowed_methods(app: Any, scope: Scope) -> list[str]:
+    """Every method some route of ``app`` answers on this request's path (``OPTIONS``
+    included when there is one), for ``Allow``; empty when no route has the path."""
+    path = get_route_path(scope)
+    methods: set[str] = set()
+    for route in getattr(app, "routes", ()):
+        # Included routers (FastAPI) expand to their routes with the full path.
+        expand = getattr(route, "effective_route_contexts", None)
+        for candidate in expand() if expand is not None else (route,):
+            regex = getattr(candidate, "path_regex", None)
+            found = getattr(candidate, "methods", None)
+            if regex is not None and found and regex.match(path):
+                methods.update(found)
+    return sorted(methods | {"OPTIONS"}) if methods else []
+
+
 async def http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:  # Starlette names only the first route's methods
+        allow = allowed_methods(request.app, request.scope)
+        if allow:
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allow)}
     if not is_api(request) or exc.status_code < 400:
         return await http_exception_handler(request, exc)  # FastAPI's own, as before
     body = error_body(exc.status_code, code_for(exc.status_code), exc.detail)
@@ -153,12 +252,12 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
 
 async def validation_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    if not is_api(request):
-        return await request_validation_exception_handler(request, exc)
+    if not is_api(request):  # FastAPI's body, with each echoed ``input`` cut to an excerpt
+        return JSONResponse({"detail": clipped(jsonable_encoder(exc.errors()))}, status_code=422)
     detail = [
         {
             "field": field_path(e["loc"]),
-            "msg": str(e["msg"]).removeprefix("Value error, "),
+            "msg": excerpt(str(e["msg"]).removeprefix("Value error, ")),
             "type": e["type"],
             "loc": list(e["loc"]),
         }

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -40,3 +48,47 @@ DETECTOR_FAILURES = Counter(
     ["detector"],
     registry=REGISTRY,
 )
+
+
+class PipelineGauges(Collector):
+    """Is the pipeline behind the API working? Read at scrape time from ``source``, which
+    the server sets (``backend.readiness.install``); a process without one reports none.
+
+    - ``vigil_worker_alive``: workers that said they were alive in the last 10 s (embedded:
+      1 while the in-process ticker runs);
+    - ``vigil_beat_alive``: the same for beat;
+    - ``vigil_detection_lag_seconds``: age of the oldest detection request not served yet
+      (0 when none waits; absent when Redis does not answer);
+    - ``vigil_detection_pending_jobs``: jobs with new data detection has not looked at.
+    """
+
+    HELP = {
+        "vigil_worker_alive": "Workers alive (heartbeat within 10 s; embedded: ticker runs).",
+        "vigil_beat_alive": "Beat processes alive (heartbeat within 10 s).",
+        "vigil_detection_lag_seconds": "Age of the oldest detection request not served yet.",
+        "vigil_detection_pending_jobs": "Jobs with data detection has not looked at yet.",
+    }
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[str, float]] | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        for name, doc in self.HELP.items():
+            yield GaugeMetricFamily(name, doc)
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        try:
+            values = self.source()
+        except Exception:  # a scrape must not fail because the pipeline is unwell
+            log.exception("could not read the pipeline gauges")
+            return
+        for name, doc in self.HELP.items():
+            value = values.get(name)
+            if value is not None and not math.isnan(value):
+                yield GaugeMetricFamily(name, doc, value=float(value))
+
+
+PIPELINE = PipelineGauges()
+REGISTRY.register(PIPELINE)

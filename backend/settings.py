@@ -63,10 +63,39 @@ class Settings(BaseSettings):
     ingest_token: SecretStr | None = Field(
         None, description="Bootstrap token with the `ingest` scope, for collectors."
     )
+    secret_key: SecretStr | None = Field(
+        None,
+        description="Encrypts webhook secrets at rest (any long random string). Unset: a key "
+        "kept in `<sqlite database>.key` (mode 0600), else derived from the admin token.",
+    )
+    secret_key_previous: SecretStr | None = Field(
+        None,
+        description="Keys used before a rotation, comma-separated: what they sealed still "
+        "opens, and is sealed with VIGIL_SECRET_KEY on its next change.",
+    )
+    metrics_public: bool | None = Field(
+        None, description="`/metrics` without a token; unset: public in development only."
+    )
+    docs_public: bool | None = Field(
+        None,
+        description="`/docs`, `/redoc`, `/openapi.json` without a token; unset: public in "
+        "development only.",
+    )
     host: str = Field("127.0.0.1", description="Address `vigil server` listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port `vigil server` listens on.")
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="Largest ingest body, before and after gzip."
+    )
+    max_request_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest request body on every other route (413 past it, as it streams).",
+    )
+    max_streams: int = Field(
+        100, ge=1, description="Open live streams (SSE) per process before replying 503."
+    )
+    max_streams_per_token: int = Field(
+        8, ge=1, description="Open live streams per token (or browser) before replying 429."
     )
     max_events_per_batch: int = Field(20_000, ge=1, description="Most events in one batch.")
     max_inflight_ingest: int = Field(
@@ -84,6 +113,11 @@ class Settings(BaseSettings):
         2.0, gt=0, description="Look for hangs and crashes (silent jobs) this often."
     )
     detect_window_steps: int = Field(200, ge=10, description="Steps the detectors look at.")
+    ready_max_lag_s: float = Field(
+        60.0,
+        gt=0,
+        description="`/readyz` fails when a detection request waits longer than this.",
+    )
     retention_days: float = Field(
         30, ge=0, description="Delete telemetry older than this many days; 0 keeps it forever."
     )
@@ -92,6 +126,11 @@ class Settings(BaseSettings):
         description="How people reach this Vigil (links in alerts, e.g. https://vigil.example).",
     )
     webhook_timeout_s: float = Field(5.0, gt=0, le=60, description="Per webhook request.")
+    webhook_hosts: str = Field(
+        "",
+        description="Comma-separated hosts webhooks may be sent to (e.g. "
+        "`hooks.slack.com,alertmanager`); a delivery to any other fails unsent. Empty: any.",
+    )
     webhook_max_attempts: int = Field(
         8, ge=1, le=50, description="Tries per notification before it is marked failed."
     )
@@ -128,13 +167,19 @@ class Settings(BaseSettings):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
+    @field_validator("secret_key", "secret_key_previous", mode="before")
+    @classmethod
+    def _empty_key_is_unset(cls, value: object) -> object:
+        # `VIGIL_SECRET_KEY: ${VIGIL_SECRET_KEY:-}` in a compose file means "not set".
+        return None if value == "" else value
+
     @model_validator(mode="after")
     def _secrets(self) -> Settings:
         if self.env != "production":
             return self
         if self.admin_token is None:
             raise ValueError("VIGIL_ADMIN_TOKEN is required when VIGIL_ENV=production")
-        for name in ("admin_token", "ingest_token"):
+        for name in ("admin_token", "ingest_token", "secret_key"):
             secret: SecretStr | None = getattr(self, name)
             if secret is None:
                 continue
@@ -152,8 +197,20 @@ class Settings(BaseSettings):
         return self.redis_url is None
 
     @property
+    def ops_public(self) -> tuple[bool, bool]:
+        """Whether ``/metrics`` and the API docs answer without a token: (metrics, docs)."""
+        dev = self.env == "development"
+        metrics = self.metrics_public if self.metrics_public is not None else dev
+        docs = self.docs_public if self.docs_public is not None else dev
+        return metrics, docs
+
+    @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    def allowed_webhook_hosts(self) -> frozenset[str]:
+        """``VIGIL_WEBHOOK_HOSTS`` as a set of lower-case host names; empty: any host."""
+        return frozenset(h.strip().lower() for h in self.webhook_hosts.split(",") if h.strip())
 
     def bootstrap_tokens(self) -> dict[str, frozenset[str]]:
         """Tokens from the environment, mapped to their scopes."""

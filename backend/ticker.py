@@ -34,6 +34,7 @@ class Ticker:
         self._stop = threading.Event()
         self._wake_sender = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.last_tick = 0.0  # time.monotonic() of the tick loop's last pass
         rt.wake_sender = self._wake_sender.set
 
     def start(self) -> None:
@@ -49,6 +50,13 @@ class Ticker:
         self._wake_sender.set()
         for thread in self._threads:
             thread.join(timeout)
+
+    def alive(self) -> bool:
+        """Both threads run, and the tick loop passed recently (a detection run that takes
+        minutes, or a thread that died, makes the server not ready: ``/readyz``)."""
+        if not self._threads or not all(t.is_alive() for t in self._threads):
+            return False
+        return time.monotonic() - self.last_tick < max(30.0, 10 * self.interval_s)
 
     def run_detection(self) -> None:
         """Detect for every job marked since the last call (the debounced batch)."""
@@ -78,7 +86,9 @@ class Ticker:
         }
         due = {name: time.monotonic() for name in periodic}
         due["vigil.retention"] += 60  # not in the first minute of a fresh start
+        self.last_tick = time.monotonic()
         while not self._stop.wait(self.interval_s):
+            self.last_tick = time.monotonic()
             self.run_detection()
             for name, work in periodic.items():
                 if time.monotonic() >= due[name]:

@@ -43,6 +43,7 @@ __all__ = [
     "request",
     "serving",
     "shutdown",
+    "stats",
     "step",
     "wrap_loader",
 ]
@@ -237,6 +238,38 @@ def flush(timeout: float | None = None) -> bool:
     """Send what is buffered now; True if it was delivered within ``timeout``."""
     client = _client
     return client.flush(timeout) if client is not None else True
+
+
+def stats() -> dict[str, Any]:
+    """What the collector delivered and what it gave up, for logs and tests::
+
+        {"sent_batches": 120, "sent_events": 3410, "buffered": 12,
+         "dropped": {"buffer_full": 300, "rejected": 1},   # events, by reason
+         "set_aside_batches": 1,                           # batches the server would not take
+         "last_error": "http 422: [{\"field\": \"events[7].name\", …}]"}
+
+    Drop reasons: ``queue_full`` (handed over faster than the worker takes), ``buffer_full``
+    (the oldest telemetry, while the server was unreachable), ``rejected`` (refused with a
+    4xx), ``failed`` (failed while the server took other requests), ``unencodable``,
+    ``bad_metric``, ``shutdown``. The same counts ride along with every heartbeat.
+    """
+    client = _client
+    if client is None:
+        return dict(_NO_STATS, dropped={})
+    try:
+        return client.stats()
+    except Exception:
+        log_.debug("vigil: stats failed", exc_info=True)
+        return dict(_NO_STATS, dropped={})
+
+
+_NO_STATS: dict[str, Any] = {
+    "sent_batches": 0,
+    "sent_events": 0,
+    "buffered": 0,
+    "set_aside_batches": 0,
+    "last_error": None,
+}
 
 
 @_guard()

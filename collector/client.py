@@ -334,8 +334,9 @@ class Client:
                 "seq": call.seq,
                 "since": call.since,
             }
-        if self.worker.dropped:
-            beat["dropped"] = dict(self.worker.dropped)
+        dropped = self.worker.drops()
+        if dropped:
+            beat["dropped"] = dropped
         return [beat]
 
     # -- actions -----------------------------------------------------------------------
@@ -344,6 +345,10 @@ class Client:
         self.actions.register(kind, handler)
 
     # -- lifecycle ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Delivery counters: see ``collector.stats``."""
+        return self.worker.stats()
 
     def flush(self, timeout: float | None = None) -> bool:
         with self._lock:

@@ -1,13 +1,15 @@
-"""The background worker: a bounded queue drained by one daemon thread.
+"""The background worker: a bounded hand-off queue drained by one daemon thread.
 
-The training thread only ever calls ``submit`` (``put_nowait``; when the queue is full the
-event is dropped and counted). The worker thread batches events by size or time, adds a
-heartbeat every ``heartbeat_s``, ships with retries (same ``batch_id``, so the server stores
-a retried batch once), honours ``Retry-After``, and hands actions from replies to a callback.
-While the backend is unreachable, memory stays bounded: one batch in retry plus the queue.
+The training thread only ever calls ``submit`` (``put_nowait``; when the hand-off queue is
+full the event is dropped and counted as ``queue_full``). The worker thread moves events at
+once into its outbox (``collector.outbox``: bounded, the *oldest* telemetry goes first when
+it is full), adds a heartbeat every ``heartbeat_s``, and ships (``collector.shipper``):
+batches by size or time, retried with the same ``batch_id`` so the server stores a retried
+batch once, ``Retry-After`` honoured, heartbeats apart from telemetry, a batch the server
+will not take set aside, actions from replies handed to a callback.
 
-It survives ``fork``: a child process gets a fresh queue and starts its own thread on
-first use. At interpreter exit it flushes for at most ``exit_timeout_s``.
+It survives ``fork``: a child process gets a fresh queue and outbox and starts its own
+thread on first use. At interpreter exit it flushes for at most ``exit_timeout_s``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ import os
 import queue
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from collector.config import Config
-from collector.transport import Backoff, HttpTransport, Outcome
+from collector.shipper import Shipper
+from collector.transport import HttpTransport
 
 log = logging.getLogger("vigil.collector")
 
@@ -54,8 +56,6 @@ class Worker:
         self._tick = tick
         self._on_actions = on_actions
         self.dropped: Counter[str] = Counter()
-        self.sent_batches = 0
-        self.sent_events = 0
         self._drop_lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -65,10 +65,14 @@ class Worker:
             os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
+        c = self.config
         self._pid = os.getpid()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.config.max_queue)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=c.max_queue)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # The worker thread's state (a forked child starts over: the parent ships its own).
+        self._ship = Shipper(c, self.transport, drop=self.drop, on_actions=self._on_actions)
+        self._flushes: list[tuple[_Flush, int]] = []
 
     # -- called from user threads: never blocks, never raises --------------------------
 
@@ -83,8 +87,30 @@ class Worker:
         with self._drop_lock:
             self.dropped[reason] += n
 
+    def drops(self) -> dict[str, int]:
+        """Events dropped by reason, plus ``batches_set_aside``: what heartbeats report."""
+        with self._drop_lock:
+            out = dict(self.dropped)
+        set_aside = self._ship.outbox.set_aside_batches
+        if set_aside:
+            out["batches_set_aside"] = set_aside
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        with self._drop_lock:
+            dropped = dict(self.dropped)
+        ship = self._ship
+        return {
+            "sent_batches": ship.sent_batches,
+            "sent_events": ship.sent_events,
+            "dropped": dropped,
+            "set_aside_batches": ship.outbox.set_aside_batches,
+            "last_error": ship.outbox.last_error,
+            "buffered": ship.outbox.held + self._queue.qsize(),
+        }
+
     def flush(self, timeout: float | None = None) -> bool:
-        """Send everything queued so far; True when it was delivered (or refused) in time."""
+        """Send everything queued so far; True when it was delivered (or set aside) in time."""
         if self._thread is None or not self._thread.is_alive():
             return self._queue.empty()
         marker = _Flush()
@@ -126,49 +152,64 @@ class Worker:
     # -- the worker thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = Backoff()
-        next_beat = time.monotonic()
-        pending: list[Event] = []
-        deadline: float | None = None
-        flushes: list[_Flush] = []
+        ship = self._ship
         stop = False
         while not stop:
-            now = time.monotonic()
-            if now >= next_beat:
-                beat = self._safe_tick()
-                next_beat = now + self.config.heartbeat_s
-                if beat:
-                    pending.extend(beat)
-                    deadline = now  # heartbeats go out at once
-            wait_until = next_beat if deadline is None else min(next_beat, deadline)
             try:
-                item = self._queue.get(timeout=max(0.0, wait_until - time.monotonic()))
-            except queue.Empty:
-                item = None
+                stop = self._take(ship.wait_s(bool(self._flushes)))
+                if stop:
+                    break
+                now = time.monotonic()
+                if now >= ship.beat_at:
+                    ship.beat_at = now + self.config.heartbeat_s
+                    for beat in self._safe_tick():
+                        ship.hold_beat(beat)
+                ship.send(bool(self._flushes))
+                self._settle()
+            except Exception:  # a bug here must not end shipping for the process
+                log.warning("vigil: collector worker error", exc_info=True)
+                time.sleep(0.1)
+        left = ship.outbox.clear()
+        if left:
+            self.drop("shutdown", left)
+
+    def _take(self, timeout: float) -> bool:
+        """Move what the user threads handed over into the outbox; True on stop."""
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return self._stopping.is_set()
+        ship = self._ship
+        left = self.config.max_queue  # then trim, and come back for the rest
+        while True:
             if item is _STOP:
-                stop = True
-            elif isinstance(item, _Flush):
-                flushes.append(item)
-            elif item is not None:
-                pending.append(item)
-                if deadline is None:
-                    deadline = time.monotonic() + self.config.flush_s
-            due = deadline is not None and time.monotonic() >= deadline
-            if pending and (due or flushes or stop or len(pending) >= self.config.max_batch):
-                while pending:
-                    chunk, pending = (
-                        pending[: self.config.max_batch],
-                        pending[self.config.max_batch :],
-                    )
-                    if not self._deliver(chunk, backoff):
-                        break  # stopping while the backend is down: give up
-                deadline = None
-            if flushes and not pending:
-                for marker in flushes:
-                    marker.done.set()
-                flushes = []
-            if not pending:
-                deadline = None  # nothing to send: sleep until the next beat or event
+                return True
+            if isinstance(item, _Flush):
+                self._flushes.append((item, ship.outbox.taken))
+            elif item.get("type") == "heartbeat":
+                ship.hold_beat(item)  # the clean-exit one, from ``Client.shutdown``
+            else:
+                ship.add(item)
+            left -= 1
+            if not left:
+                break
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+        ship.outbox.trim()
+        return self._stopping.is_set()
+
+    def _settle(self) -> None:
+        if not self._flushes:
+            return
+        ship, waiting = self._ship, []
+        for marker, mark in self._flushes:
+            if ship.beat is None and ship.outbox.settled(mark):
+                marker.done.set()
+            else:
+                waiting.append((marker, mark))
+        self._flushes = waiting
 
     def _safe_tick(self) -> list[Event]:
         try:
@@ -176,54 +217,3 @@ class Worker:
         except Exception:
             log.debug("vigil: heartbeat failed", exc_info=True)
             return []
-
-    def _deliver(self, events: list[Event], backoff: Backoff) -> bool:
-        """Send one batch until it is delivered or refused; False if we gave up."""
-        batch = self._envelope(events)
-        while True:
-            outcome = self.transport.send(batch)
-            if outcome.delivered:
-                backoff.reset()
-                self.sent_batches += 1
-                self.sent_events += len(events)
-                self._dispatch(outcome)
-                return True
-            if outcome.retry_after is None:
-                log.warning("vigil: batch of %d events dropped (%s)", len(events), outcome.reason)
-                self.drop("rejected", len(events))
-                return True
-            delay = backoff.next_delay() if outcome.retry_after < 0 else outcome.retry_after
-            if backoff.failures in (1, 5) or backoff.failures % 50 == 0:
-                log.info("vigil: backend not taking data (%s); retrying", outcome.reason)
-            if self._stopping.wait(delay):
-                self.drop("shutdown", len(events))
-                return False
-            self._compact(batch)
-
-    def _compact(self, batch: dict[str, Any]) -> None:
-        """While retrying, keep only the newest heartbeat of the batch."""
-        events = batch["events"]
-        beats = [e for e in events if e.get("type") == "heartbeat"]
-        if len(beats) > 1:
-            newest = beats[-1]
-            batch["events"] = [e for e in events if e.get("type") != "heartbeat" or e is newest]
-
-    def _envelope(self, events: list[Event]) -> dict[str, Any]:
-        c = self.config
-        return {
-            "batch_id": str(uuid.uuid4()),
-            "job": c.job,
-            "kind": c.kind,
-            "rank": c.rank,
-            "world_size": c.world_size,
-            "host": c.host,
-            "attempt": c.attempt,
-            "events": events,
-        }
-
-    def _dispatch(self, outcome: Outcome) -> None:
-        if outcome.actions:
-            try:
-                self._on_actions(outcome.actions)
-            except Exception:
-                log.warning("vigil: could not dispatch actions", exc_info=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 
 class ActionCreate(BaseModel):
+    model_config = ConfigDict(strict=True)  # `true` is no rank, "5" no number
+
     kind: Annotated[str, Field(pattern=KIND_PATTERN, examples=["dump_stacks", "restart"])]
     target_ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, description="Ranks that should run it; null means every rank of the job."

@@ -14,8 +14,8 @@ from backend.actions.models import Action
 from backend.actions.schemas import ActionCreate, ActionOut
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
-from backend.deps import SessionDep
-from backend.errors import NotFound
+from backend.deps import RowId, SessionDep
+from backend.errors import NotFound, errors
 from backend.jobs.service import require_job_id
 
 router = APIRouter(prefix="/api/v1", tags=["actions"])
@@ -26,7 +26,15 @@ def action_out(action: Action, job: str) -> ActionOut:
     return ActionOut.model_validate({**columns, "job": job})
 
 
-@router.post("/jobs/{job}/actions", response_model=ActionOut, status_code=201)
+@router.post(
+    "/jobs/{job}/actions",
+    response_model=ActionOut,
+    status_code=201,
+    responses={
+        200: {"model": ActionOut, "description": "The action made before with this key"},
+        **errors(404, 409),
+    },
+)
 def create_action(
     job: str,
     body: ActionCreate,
@@ -56,6 +64,7 @@ def create_action(
     "/jobs/{job}/actions",
     response_model=list[ActionOut],
     dependencies=[Depends(require_scope("read"))],
+    responses=errors(404),
 )
 def list_actions(job: str, session: SessionDep) -> Any:
     """The job's actions, newest first, with per-rank delivery state."""
@@ -64,9 +73,12 @@ def list_actions(job: str, session: SessionDep) -> Any:
 
 
 @router.get(
-    "/actions/{action_id}", response_model=ActionOut, dependencies=[Depends(require_scope("read"))]
+    "/actions/{action_id}",
+    response_model=ActionOut,
+    dependencies=[Depends(require_scope("read"))],
+    responses=errors(404),
 )
-def get_action(action_id: int, session: SessionDep) -> Any:
+def get_action(action_id: RowId, session: SessionDep) -> Any:
     from backend.jobs.models import Job
 
     action = service.get_action(session=session, action_id=action_id)

@@ -62,7 +62,8 @@ class _Checked(BaseModel):
     """Checks shared by create and update (None passes: in an update it means "unchanged"
     or, for the filters, "any")."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` is no integer, "5" no number (as the OpenAPI schema says)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @field_validator("url", check_fields=False)
     @classmethod
@@ -183,8 +184,8 @@ class WebhookOut(BaseModel):
             name=row.name,
             url=redact_url(row.url, row.format),
             format=row.format,
-            has_secret=bool(row.secret),
-            header_names=sorted(row.headers or {}),
+            has_secret=bool(row.secret_stored),
+            header_names=row.header_names,
             jobs=row.jobs,
             kinds=row.kinds,
             severities=row.severities,

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend import __version__
-from backend.alerts import formats
+from backend.alerts import formats, sealing
 from backend.alerts.models import WebhookDelivery, WebhookReceiver
 from backend.db import session_scope, utcnow
 from backend.settings import Settings
@@ -131,6 +132,12 @@ def _claim(
             if receiver is None or (not receiver.enabled and row.status != "test"):
                 row.state, row.error = "failed", "receiver disabled before delivery"
                 continue
+            try:
+                secret, headers = receiver.secret, receiver.headers
+            except sealing.SecretUnreadable as exc:  # never send it unsigned instead
+                row.state, row.error = "failed", str(exc)[:ERROR_CHARS]
+                log.error("webhook %s: %s", receiver.name, exc)
+                continue
             row.state, row.attempts, row.last_attempt_at = "sending", row.attempts + 1, now
             out.append(
                 Claimed(
@@ -140,9 +147,9 @@ def _claim(
                     receiver=receiver.name,
                     format=receiver.format,
                     url=receiver.url,
-                    secret=receiver.secret,
+                    secret=secret,
                     webhook_id=row.webhook_id,
-                    headers=dict(receiver.headers or {}),
+                    headers=headers,
                     body=formats.encode(row.payload),
                 )
             )
@@ -165,7 +172,8 @@ def _send_all(
         httpx.Client(timeout=timeout, follow_redirects=False) as client,
         ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(claimed))) as pool,
     ):
-        futures = {pool.submit(post, client, c): c for c in claimed}
+        allowed = settings.allowed_webhook_hosts()
+        futures = {pool.submit(post_if_allowed, client, c, allowed): c for c in claimed}
         for future in as_completed(futures):
             item = futures[future]
             outcome = future.result()  # post() never raises
@@ -187,6 +195,18 @@ def request_headers(item: Claimed, *, timestamp: int | None = None) -> dict[str,
         )
     lower = {k.lower() for k in ours}
     return {**{k: v for k, v in item.headers.items() if k.lower() not in lower}, **ours}
+
+
+def post_if_allowed(client: httpx.Client, item: Claimed, allowed: frozenset[str]) -> Outcome:
+    """``post``, unless ``VIGIL_WEBHOOK_HOSTS`` is set and the URL's host is not in it: then
+    nothing is sent and the delivery fails with the reason (no retry)."""
+    try:
+        host = (urlsplit(item.url).hostname or "").lower()
+    except ValueError:  # a malformed URL: post() reports it
+        host = ""
+    if allowed and host not in allowed:
+        return Outcome(error=f"host {host!r} is not in VIGIL_WEBHOOK_HOSTS; not sent")
+    return post(client, item)
 
 
 def post(client: httpx.Client, item: Claimed) -> Outcome:

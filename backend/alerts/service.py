@@ -12,6 +12,9 @@ and periodically, for incidents that stay open (Alertmanager's ``repeat_interval
 
     remind_open(session=session, public_url=settings.public_url)
 
+Signing secrets and extra header values are stored sealed (``backend.alerts.sealing``);
+``receiver.secret`` and ``receiver.headers`` give them in clear.
+
 Services take keyword-only arguments and only ``flush()``; the caller commits. A name that
 another receiver has is refused with ``ReceiverNameTaken`` (409), a generic receiver
 without a signing secret with ``Invalid`` (422).
@@ -28,7 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from backend.alerts import formats
+from backend.alerts import formats, sealing
 from backend.alerts.models import WebhookDelivery, WebhookReceiver
 from backend.db import utcnow
 from backend.errors import Conflict, Invalid
@@ -105,7 +108,7 @@ def create_receiver(*, session: Session, name: str, url: str, **fields: Any) -> 
     now = utcnow()
     values = {**RECEIVER_DEFAULTS, **fields}
     receiver = WebhookReceiver(name=name, url=url, created_at=now, updated_at=now, **values)
-    if receiver.format == "generic" and not receiver.secret:
+    if receiver.format == "generic" and not receiver.secret_stored:
         receiver.secret = formats.new_secret()
     session.add(receiver)
     _flush_receiver(session, name)
@@ -120,15 +123,27 @@ def update_receiver(
     if unknown:
         raise TypeError(f"unknown receiver fields: {sorted(unknown)}")
     fmt = changes.get("format", receiver.format)
-    if fmt == "generic" and not changes.get("secret", receiver.secret):
+    if fmt == "generic" and not changes.get("secret", receiver.secret_stored):
         raise Invalid("secret: the generic format needs a signing secret (whsec_…)")
     if "name" in changes:
         _claim_name(session, changes["name"], receiver.id)
+    _reseal(receiver)
     for key, value in changes.items():
         setattr(receiver, key, value)
     receiver.updated_at = utcnow()
     _flush_receiver(session, receiver.name)
     return receiver
+
+
+def _reseal(receiver: WebhookReceiver) -> None:
+    """Seal the credentials again with the current key: values stored in clear by an older
+    version, or sealed with a previous key (``VIGIL_SECRET_KEY_PREVIOUS``). Ones no key
+    opens stay as they are (setting a new secret replaces them)."""
+    try:
+        secret, headers = receiver.secret, receiver.headers
+    except sealing.SecretUnreadable:
+        return
+    receiver.secret, receiver.headers = secret, headers
 
 
 def delete_receiver(*, session: Session, receiver: WebhookReceiver) -> None:

@@ -24,8 +24,8 @@ from backend.alerts.schemas import (
 )
 from backend.auth.deps import require_scope
 from backend.db import session_scope
-from backend.deps import SessionDep
-from backend.errors import Invalid, NotFound
+from backend.deps import RowId, SessionDep
+from backend.errors import Invalid, NotFound, errors
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
 READ = [Depends(require_scope("read"))]
@@ -45,7 +45,13 @@ def list_webhooks(session: SessionDep) -> Any:
     return [WebhookOut.of(r) for r in service.list_receivers(session=session)]
 
 
-@router.post("/webhooks", response_model=WebhookCreated, status_code=201, dependencies=ADMIN)
+@router.post(
+    "/webhooks",
+    response_model=WebhookCreated,
+    status_code=201,
+    dependencies=ADMIN,
+    responses=errors(409),
+)
 def create_webhook(body: WebhookCreate, session: SessionDep) -> Any:
     """Add a receiver. For the `generic` format a signing secret is generated when none is
     given; it is returned here, once, and never again. 409 if the name is taken."""
@@ -56,13 +62,20 @@ def create_webhook(body: WebhookCreate, session: SessionDep) -> Any:
     return WebhookCreated(**out, secret=receiver.secret if generated else None)
 
 
-@router.get("/webhooks/{receiver_id}", response_model=WebhookOut, dependencies=READ)
-def get_webhook(receiver_id: int, session: SessionDep) -> Any:
+@router.get(
+    "/webhooks/{receiver_id}", response_model=WebhookOut, dependencies=READ, responses=errors(404)
+)
+def get_webhook(receiver_id: RowId, session: SessionDep) -> Any:
     return WebhookOut.of(_receiver(session, receiver_id))
 
 
-@router.patch("/webhooks/{receiver_id}", response_model=WebhookOut, dependencies=ADMIN)
-def update_webhook(receiver_id: int, body: WebhookUpdate, session: SessionDep) -> Any:
+@router.patch(
+    "/webhooks/{receiver_id}",
+    response_model=WebhookOut,
+    dependencies=ADMIN,
+    responses=errors(404, 409),
+)
+def update_webhook(receiver_id: RowId, body: WebhookUpdate, session: SessionDep) -> Any:
     """Change the fields sent. Rotate a generic receiver's secret by sending a new one."""
     receiver = _receiver(session, receiver_id)
     try:
@@ -73,15 +86,22 @@ def update_webhook(receiver_id: int, body: WebhookUpdate, session: SessionDep) -
     return WebhookOut.of(receiver)
 
 
-@router.delete("/webhooks/{receiver_id}", status_code=204, dependencies=ADMIN)
-def delete_webhook(receiver_id: int, session: SessionDep) -> Response:
+@router.delete(
+    "/webhooks/{receiver_id}", status_code=204, dependencies=ADMIN, responses=errors(404)
+)
+def delete_webhook(receiver_id: RowId, session: SessionDep) -> Response:
     """Delete the receiver and its delivery log."""
     service.delete_receiver(session=session, receiver=_receiver(session, receiver_id))
     return Response(status_code=204)
 
 
-@router.post("/webhooks/{receiver_id}/test", response_model=DeliveryOut, dependencies=ADMIN)
-def send_test_notification(receiver_id: int, request: Request) -> Any:
+@router.post(
+    "/webhooks/{receiver_id}/test",
+    response_model=DeliveryOut,
+    dependencies=ADMIN,
+    responses=errors(404),
+)
+def send_test_notification(receiver_id: RowId, request: Request) -> Any:
     """Send a test notification now and return the delivery with its outcome (`state`,
     `response_code`, `error`). Works on a disabled receiver too; a test is tried once.
 
@@ -103,10 +123,13 @@ def send_test_notification(receiver_id: int, request: Request) -> Any:
 
 
 @router.get(
-    "/webhooks/{receiver_id}/deliveries", response_model=list[DeliveryOut], dependencies=READ
+    "/webhooks/{receiver_id}/deliveries",
+    response_model=list[DeliveryOut],
+    dependencies=READ,
+    responses=errors(404),
 )
 def list_webhook_deliveries(
-    receiver_id: int,
+    receiver_id: RowId,
     session: SessionDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Any:

@@ -16,7 +16,8 @@ from backend.audit import service
 from backend.audit.models import AuditEntry
 from backend.audit.schemas import AuditOut
 from backend.auth.deps import require_scope
-from backend.deps import SessionDep
+from backend.deps import RowIdQuery, SessionDep
+from backend.errors import errors
 from backend.jobs.service import require_job_id
 
 router = APIRouter(prefix="/api/v1", tags=["audit"])
@@ -29,12 +30,14 @@ def _audit_out(row: AuditEntry, job: str | None) -> AuditOut:
     return AuditOut.model_validate({**columns, "job": job})
 
 
-@router.get("/jobs/{job}/audit", response_model=list[AuditOut], dependencies=READ)
+@router.get(
+    "/jobs/{job}/audit", response_model=list[AuditOut], dependencies=READ, responses=errors(404)
+)
 def list_job_audit(
     job: str,
     session: SessionDep,
-    action_id: Annotated[int | None, Query()] = None,
-    incident_id: Annotated[int | None, Query()] = None,
+    action_id: RowIdQuery = None,
+    incident_id: RowIdQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Any:
     """What the policy, people and ranks did about this job's incidents, newest first."""

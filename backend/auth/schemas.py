@@ -35,14 +35,19 @@ class TokenOut(BaseModel):
     revoked_at: datetime | None = Field(description="Null while the token is valid.")
 
     @classmethod
-    def of(cls, row: ApiToken) -> TokenOut:
+    def of(cls, row: ApiToken, seen: datetime | None = None) -> TokenOut:
+        """``seen``: a use this process knows of and has not written yet (the verifier
+        writes last-use times in batches, off the request path)."""
+        last = row.last_used_at
+        if seen is not None and (last is None or seen > last):
+            last = seen
         return cls(
             id=row.id,
             name=row.name,
             prefix=row.prefix,
             scopes=row.scopes.split(),
             created_at=row.created_at,
-            last_used_at=row.last_used_at,
+            last_used_at=last,
             revoked_at=row.revoked_at,
         )
 

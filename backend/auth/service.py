@@ -1,4 +1,4 @@
-"""Create, list, revoke and verify API tokens.
+"""Create, list and revoke API tokens (checking them: ``backend.auth.verifier``).
 
 >>> token, secret = create_token(session=s, name="ci", scopes=["read"])   # doctest: +SKIP
 >>> secret            # shown once; only its SHA-256 is stored          # doctest: +SKIP
@@ -7,37 +7,42 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
-import threading
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
 
 from backend.auth.models import SCOPES, ApiToken
-from backend.db import session_scope, utcnow
+from backend.auth.verifier import TOKEN_PREFIX, Principal, TokenVerifier, forget, hash_token
+from backend.db import utcnow
 from backend.errors import Invalid
 
-TOKEN_PREFIX = "vgl_"
+__all__ = [
+    "TOKEN_PREFIX",
+    "Principal",
+    "TokenVerifier",
+    "create_token",
+    "hash_token",
+    "list_tokens",
+    "normalize_scopes",
+    "revoke_token",
+]
+
+# Token hashes changed by a session's transaction: the verifiers of this process forget
+# them once it commits, so a revocation works at once (and a rollback changes nothing;
+# a hash left over from a rolled-back transaction is at worst looked up again).
+_CHANGED = "vigil_auth_changed_tokens"
 
 
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: a token's name and its scopes (``admin`` implies all)."""
-
-    name: str
-    scopes: frozenset[str]
-
-    def has(self, scope: str) -> bool:
-        return scope in self.scopes or "admin" in self.scopes
+def _changed(session: Session, digest: str) -> None:
+    session.info.setdefault(_CHANGED, set()).add(digest)
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    for digest in session.info.pop(_CHANGED, ()):
+        forget(digest)
 
 
 def normalize_scopes(scopes: Iterable[str]) -> list[str]:
@@ -58,6 +63,7 @@ def create_token(*, session: Session, name: str, scopes: Iterable[str]) -> tuple
     )
     session.add(row)
     session.flush()
+    _changed(session, row.token_hash)
     return row, secret
 
 
@@ -71,53 +77,5 @@ def revoke_token(*, session: Session, token_id: int) -> ApiToken | None:
     if row is not None and row.revoked_at is None:
         row.revoked_at = utcnow()
         session.flush()
+        _changed(session, row.token_hash)
     return row
-
-
-class TokenVerifier:
-    """Checks bearer tokens: bootstrap tokens from settings, then the database.
-
-    A verified database token is trusted for ``cache_s`` seconds, so the ingest hot path
-    does not look it up on every batch; revocation takes effect within that time.
-    """
-
-    def __init__(
-        self,
-        factory: sessionmaker[Session],
-        bootstrap: dict[str, frozenset[str]],
-        cache_s: float = 10.0,
-    ) -> None:
-        self._factory = factory
-        self._bootstrap = list(bootstrap.items())
-        self._cache_s = cache_s
-        self._cache: dict[str, tuple[float, Principal | None]] = {}
-        self._lock = threading.Lock()
-
-    def verify(self, token: str) -> Principal | None:
-        for known, scopes in self._bootstrap:
-            if hmac.compare_digest(known.encode(), token.encode()):
-                return Principal("bootstrap", scopes)
-        if not token.startswith(TOKEN_PREFIX):
-            return None
-        digest = hash_token(token)
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(digest)
-        if hit is not None and now - hit[0] < self._cache_s:
-            return hit[1]
-        principal = self._lookup(digest)
-        with self._lock:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[digest] = (now, principal)
-        return principal
-
-    def _lookup(self, digest: str) -> Principal | None:
-        with session_scope(self._factory, write=True) as session:
-            row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
-            if row is None or row.revoked_at is not None:
-                return None
-            session.execute(
-                update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=utcnow())
-            )
-            return Principal(row.name, frozenset(row.scopes.split()))

@@ -8,7 +8,8 @@ dashboard's settings page.
     curl -X DELETE $VIGIL/api/v1/tokens/3 -H "Authorization: Bearer $ADMIN"   # 204
 
 Revoking is idempotent: revoking a revoked token answers 204 again and keeps the first
-``revoked_at``; an unknown id is 404. Servers stop accepting a revoked token within
+``revoked_at``; an unknown id is 404. The server that revoked a token refuses it at once;
+other servers (replicas, and any server after ``vigil token revoke``) within
 ``VIGIL_TOKEN_CACHE_S``.
 """
 
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from backend.auth import service
 from backend.auth.deps import require_scope
 from backend.auth.schemas import TokenCreate, TokenCreated, TokenOut
-from backend.deps import SessionDep
-from backend.errors import NotFound
+from backend.auth.verifier import TokenVerifier
+from backend.deps import RowId, SessionDep
+from backend.errors import NotFound, errors
 
 router = APIRouter(
     prefix="/api/v1/tokens", tags=["tokens"], dependencies=[Depends(require_scope("admin"))]
@@ -30,9 +32,12 @@ router = APIRouter(
 
 
 @router.get("", response_model=list[TokenOut])
-def list_tokens(session: SessionDep) -> Any:
-    """Every token, oldest first, revoked ones included. Never a token's secret or hash."""
-    return [TokenOut.of(row) for row in service.list_tokens(session=session)]
+def list_tokens(request: Request, session: SessionDep) -> Any:
+    """Every token, oldest first, revoked ones included. Never a token's secret or hash.
+    `last_used_at` is written in batches (every minute); this server's newer uses show."""
+    verifier: TokenVerifier = request.app.state.verifier
+    rows = service.list_tokens(session=session)
+    return [TokenOut.of(row, verifier.last_used(row.id)) for row in rows]
 
 
 @router.post("", response_model=TokenCreated, status_code=201)
@@ -43,8 +48,8 @@ def create_token(body: TokenCreate, session: SessionDep, response: Response) -> 
     return TokenCreated(**TokenOut.of(row).model_dump(), token=secret)
 
 
-@router.delete("/{token_id}", status_code=204)
-def revoke_token(token_id: int, session: SessionDep) -> Response:
+@router.delete("/{token_id}", status_code=204, responses=errors(404))
+def revoke_token(token_id: RowId, session: SessionDep) -> Response:
     """Revoke the token; revoking it again changes nothing (204). 404 if there is none."""
     if service.revoke_token(session=session, token_id=token_id) is None:
         raise NotFound(f"token {token_id} not found")

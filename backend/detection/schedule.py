@@ -6,11 +6,19 @@ next depends on the mode (``make_scheduler`` picks):
 - **embedded** (:class:`EmbeddedScheduler`): the job joins a set of dirty jobs; the
   in-process ticker (``backend.ticker``) drains it every ``VIGIL_DETECT_INTERVAL_S`` and
   runs detection for each (a burst of batches costs one run);
-- **distributed** (:class:`CeleryScheduler`): the first batch in an interval sets
-  ``vigil:detect:queued:<job>`` in Redis (NX) and queues the ``vigil.detect_job`` task
-  ``VIGIL_DETECT_INTERVAL_S`` later; the task clears the key first, so data that arrives
-  while it runs schedules the next run. Redis trouble is logged (once a minute), never
-  raised: the batch is stored, and the next batch schedules the run.
+- **distributed** (:class:`CeleryScheduler`): the job joins the ``vigil:detect:pending``
+  sorted set (scored by when its oldest unserved request came) and, unless
+  ``vigil:detect:queued:<job>`` is set (NX, a short TTL: two intervals), the
+  ``vigil.detect_job`` task is queued ``VIGIL_DETECT_INTERVAL_S`` later. The task clears
+  the queued key first, so data that arrives while it runs schedules the next run, and
+  takes the job off the pending set only when the run succeeded and no request came
+  meanwhile (:func:`claim` / :func:`served`). A task lost with its worker (SIGKILL, OOM)
+  therefore leaves the job pending: beat re-queues every job
+  pending for longer than two intervals (:func:`requeue_overdue`), so detection resumes
+  within two intervals of a worker being back, with or without new data. The age of the
+  oldest pending request is the detection lag (``/readyz``, ``/metrics``). Redis trouble
+  is logged (once a minute), never raised: the batch is stored, and the next batch
+  schedules the run.
 
 ``VIGIL_DETECT_INTERVAL_S=0`` switches detection off (no scheduler).
 
@@ -40,18 +48,25 @@ class EmbeddedScheduler:
     """The dirty-job set the embedded ticker drains."""
 
     def __init__(self) -> None:
-        self._dirty: set[int] = set()
+        self._dirty: dict[int, float] = {}  # job -> when it was first marked
         self._lock = threading.Lock()
 
     def mark(self, job_id: int) -> None:
         with self._lock:
-            self._dirty.add(job_id)
+            self._dirty.setdefault(job_id, time.time())
 
     def drain(self) -> list[int]:
         """The jobs marked since the last call, in id order; the set starts afresh."""
         with self._lock:
-            dirty, self._dirty = self._dirty, set()
+            dirty, self._dirty = self._dirty, {}
         return sorted(dirty)
+
+    def lag(self, now: float | None = None) -> tuple[float, int]:
+        """(age of the oldest mark not drained yet, jobs marked)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            oldest = min(self._dirty.values(), default=now)
+            return max(0.0, now - oldest), len(self._dirty)
 
 
 class CeleryScheduler:
@@ -76,17 +91,114 @@ def make_scheduler(settings: Settings) -> EmbeddedScheduler | CeleryScheduler | 
     return EmbeddedScheduler() if settings.embedded else CeleryScheduler()
 
 
+PENDING = f"{KEY_PREFIX}detect:pending"  # job -> when its oldest unserved request came
+REQUESTS = f"{KEY_PREFIX}detect:requests"  # job -> requests so far (tells a run what it saw)
+
+
 def queued_key(job_id: int) -> str:
     return f"{KEY_PREFIX}detect:queued:{job_id}"
 
 
-def queue_detection(job_id: int) -> None:
-    """Distributed: queue one detection run for the job unless one is queued already."""
-    from backend.detection.tasks import detect_job  # the task module imports this one
+def requeued_key(job_id: int) -> str:
+    return f"{KEY_PREFIX}detect:requeued:{job_id}"
 
+
+# Record the request; say whether a run must be queued (no run queued in the interval).
+_MARK = """
+redis.call('zadd', KEYS[1], 'NX', ARGV[2], ARGV[1])
+redis.call('hincrby', KEYS[2], ARGV[1], 1)
+if redis.call('set', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then return 1 end
+return 0
+"""
+# A run that saw ``ARGV[2]`` requests succeeded: the job is served unless more came since,
+# in which case it stays pending, as of when that run started (``ARGV[3]``).
+_SERVED = """
+local seen = redis.call('hget', KEYS[2], ARGV[1])
+if seen == false or seen == ARGV[2] then
+  redis.call('zrem', KEYS[1], ARGV[1])
+  redis.call('hdel', KEYS[2], ARGV[1])
+  return 1
+end
+redis.call('zadd', KEYS[1], 'XX', ARGV[3], ARGV[1])
+return 0
+"""
+
+
+def debounce_ms(interval_s: float) -> int:
+    """How long one queued run stands for every request: two intervals, at least a second.
+    Short on purpose: a run lost with its worker must not block the next one for long."""
+    return max(1000, int(2000 * interval_s))
+
+
+def queue_detection(job_id: int) -> None:
+    """Distributed: record a detection request; queue a run unless one is queued already."""
     rt = runtime()
     if rt.redis is None:
         raise RuntimeError("queue_detection is for distributed mode; embedded uses the ticker")
     delay = rt.settings.detect_interval_s
-    if rt.redis.set(queued_key(job_id), 1, nx=True, ex=int(delay) + 120):
-        detect_job.apply_async((job_id,), countdown=delay)
+    keys = (PENDING, REQUESTS, queued_key(job_id))
+    if rt.redis.eval(_MARK, 3, *keys, job_id, time.time(), debounce_ms(delay)):
+        _send(job_id, countdown=delay)
+
+
+def queue_run(job_id: int) -> None:
+    """Queue a run for the job after an interval, unless one is queued (debounced)."""
+    rt = runtime()
+    assert rt.redis is not None
+    delay = rt.settings.detect_interval_s
+    if rt.redis.set(queued_key(job_id), 1, nx=True, px=debounce_ms(delay)):
+        _send(job_id, countdown=delay)
+
+
+def _send(job_id: int, *, countdown: float) -> None:
+    from backend.detection.tasks import detect_job  # the task module imports this one
+
+    detect_job.apply_async((job_id,), countdown=countdown)
+
+
+def claim(job_id: int) -> str | None:
+    """A run starts: how many requests it answers (for :func:`served`)."""
+    redis = runtime().redis
+    assert redis is not None
+    seen = redis.hget(REQUESTS, str(job_id))
+    return seen.decode() if isinstance(seen, bytes) else seen
+
+
+def served(job_id: int, seen: str | None, started: float) -> None:
+    """A run that started at ``started`` and answered ``seen`` requests succeeded."""
+    redis = runtime().redis
+    assert redis is not None
+    redis.eval(_SERVED, 2, PENDING, REQUESTS, job_id, seen or "", started)
+
+
+def requeue_overdue(now: float | None = None) -> list[int]:
+    """Queue a run now for every job pending longer than two intervals (its run was lost:
+    a killed worker, a Redis restart) — once per two intervals per job, so a dead worker
+    does not pile up runs. Returns the jobs re-queued."""
+    rt = runtime()
+    assert rt.redis is not None
+    now = time.time() if now is None else now
+    interval = rt.settings.detect_interval_s
+    overdue = rt.redis.zrangebyscore(PENDING, "-inf", now - 2 * interval)
+    requeued = []
+    for raw in overdue:
+        job_id = int(raw)  # type: ignore[arg-type]
+        if rt.redis.set(requeued_key(job_id), 1, nx=True, px=debounce_ms(interval)):
+            _send(job_id, countdown=0)
+            requeued.append(job_id)
+    if requeued:
+        log.warning("detection overdue for jobs %s: re-queued", requeued)
+    return requeued
+
+
+def pending_lag(now: float | None = None) -> tuple[float, int]:
+    """Distributed: (age of the oldest pending detection request, jobs pending)."""
+    redis = runtime().redis
+    assert redis is not None
+    now = time.time() if now is None else now
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.zrange(PENDING, 0, 0, withscores=True)
+        pipe.zcard(PENDING)
+        oldest, count = pipe.execute()
+    lag = max(0.0, now - float(oldest[0][1])) if oldest else 0.0
+    return lag, int(count)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends
 
 from backend.auth.deps import require_scope
 from backend.deps import SessionDep
-from backend.errors import NotFound
+from backend.errors import NotFound, errors
 from backend.goodput import service
 from backend.goodput.schemas import GoodputOut
 from backend.jobs.service import get_job_id
@@ -24,7 +24,7 @@ router = APIRouter(
 )
 
 
-@router.get("/jobs/{job}/goodput", response_model=GoodputOut)
+@router.get("/jobs/{job}/goodput", response_model=GoodputOut, responses=errors(404))
 def job_goodput(job: str, session: SessionDep) -> Any:
     """Productive time against time lost (wasted steps, restarts, hangs, stragglers, data
     waits, checkpoints), from the job's first step to its last activity."""

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from backend.jobs.schemas import Reading
+
 
 class IncidentOut(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
@@ -23,4 +25,4 @@ class IncidentOut(BaseModel):
     resolved_at: datetime | None
     summary: str
     evidence: dict[str, Any]
-    score: float | None
+    score: Reading

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query
 
 from backend.auth.deps import require_scope
-from backend.deps import SessionDep
-from backend.errors import NotFound
+from backend.deps import RowId, SessionDep
+from backend.errors import NotFound, errors
 from backend.incidents import service
 from backend.incidents.models import Incident
 from backend.incidents.schemas import IncidentOut
@@ -25,7 +25,7 @@ def to_out(row: Incident, job: str) -> IncidentOut:
     return IncidentOut.model_validate({**columns, "job": job})
 
 
-@router.get("/jobs/{job}/incidents", response_model=list[IncidentOut])
+@router.get("/jobs/{job}/incidents", response_model=list[IncidentOut], responses=errors(404))
 def list_incidents(
     job: str,
     session: SessionDep,
@@ -38,8 +38,8 @@ def list_incidents(
     return [to_out(r, job) for r in rows]
 
 
-@router.get("/incidents/{incident_id}", response_model=IncidentOut)
-def get_incident(incident_id: int, session: SessionDep) -> Any:
+@router.get("/incidents/{incident_id}", response_model=IncidentOut, responses=errors(404))
+def get_incident(incident_id: RowId, session: SessionDep) -> Any:
     row = service.get_incident(session=session, incident_id=incident_id)
     if row is None:
         raise NotFound(f"incident {incident_id} not found")

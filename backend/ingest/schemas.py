@@ -7,6 +7,12 @@ are refused, since silently dropping data would be worse.
 
 NaN and ±Inf are allowed only where they are the signal (``loss``, ``grad_norm``, a
 metric's ``value``); everywhere else they are refused with the field named.
+
+Every field is bounded by what its column holds, so bad input is a 422 naming the field,
+never a database error (a 5xx, which a collector retries forever): strings carry no NUL
+character, integers fit their INTEGER/BIGINT columns, timestamps are below
+``MAX_TIMESTAMP`` and durations at most ``MAX_DURATION_S`` (so rollup sums stay finite),
+and free-form JSON is plain (``backend.ingest.plain_json``).
 """
 
 from __future__ import annotations
@@ -14,29 +20,72 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from typing_extensions import TypedDict
 
+from backend.ingest.plain_json import plain_json
 from backend.ingest.tokens import MAX_RECORDED as MAX_RECORDED_TOKENS
 from backend.ingest.tokens import TokenTimesError, decode_offsets
 
 MAX_STEP = 2**53 - 1  # the largest integer a JavaScript client reads back exactly
 MAX_RANKS = 1_000_000
 MAX_NAME = 128
+MAX_INT32 = 2**31 - 1  # INTEGER columns
+MAX_INT64 = 2**63 - 1  # BIGINT columns
+# torchrun's restart count. A launch restarts a handful of times (``--max-restarts``), so
+# this is generous; it keeps an absurd attempt from ever reaching the job (see
+# ``backend.jobs.attempts`` for how a job follows its attempts).
+MAX_ATTEMPT = 10_000
+# Timestamps are epoch seconds (or seconds from any origin ≥ 0, as a replayed trace has),
+# below 1e10 (the year 2286): a millisecond timestamp by mistake is refused, and minute
+# numbers stay far inside a BIGINT.
+MAX_TIMESTAMP = 1e10
+# Durations are at most a week. It bounds every rollup sum: a bin's 2**31 rows at most
+# (its INTEGER count) times a week is 1.3e15 s, so a sum never overflows a double (two
+# 1e308 durations would, and PostgreSQL refuses an overflowing float addition).
+MAX_DURATION_S = 7 * 24 * 3600.0
 
-# Finite, non-negative seconds (durations and timestamps).
-Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-StepNo = Annotated[int, Field(ge=0, le=MAX_STEP)]
-Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+# A NUL character cannot be stored in a PostgreSQL text or JSON column; every string field
+# refuses it (``views`` words the pattern's error as "must not contain a NUL character").
+NO_NUL = r"^[^\x00]*$"
+
+Timestamp = Annotated[float, Field(ge=0, lt=MAX_TIMESTAMP, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION_S, allow_inf_nan=False)]
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # JSON's true/false are no integers (pydantic takes them)
+        raise ValueError("Input should be a valid integer, not a boolean")
+    return value
+
+
+NOT_BOOL = BeforeValidator(_no_bool)
+StepNo = Annotated[int, NOT_BOOL, Field(ge=0, le=MAX_STEP)]
+Count = Annotated[int, NOT_BOOL, Field(ge=0, le=MAX_INT64)]
+Int32 = Annotated[int, NOT_BOOL, Field(ge=0, le=MAX_INT32)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL)]
+OpName = Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
+Hash = Annotated[str, Field(max_length=64, pattern=NO_NUL)]
 # Values where NaN/Inf is meaningful and kept.
 Signal = float
+# Free-form JSON (event attrs, an op sequence, an action's result): checked by
+# ``plain_json`` so that it fits any JSON column.
+FreeDict = Annotated[dict[str, Any], AfterValidator(plain_json)]
+FreeList = Annotated[list[Any], Field(max_length=200_000), AfterValidator(plain_json)]
 
 
 class StepEvent(TypedDict):
     type: Literal["step"]
     step: StepNo
-    ts: Seconds
+    ts: Timestamp
     duration_s: Seconds
     comm_s: NotRequired[Seconds | None]
     data_s: NotRequired[Seconds | None]
@@ -44,52 +93,55 @@ class StepEvent(TypedDict):
     grad_norm: NotRequired[Signal | None]
     mem_bytes: NotRequired[Count | None]
     tokens: NotRequired[Count | None]
-    opseq: NotRequired[Annotated[str, Field(max_length=64)] | None]
+    opseq: NotRequired[Hash | None]
 
 
 class CollectiveEvent(TypedDict):
     type: Literal["collective"]
     group: Name
-    op: Annotated[str, Field(min_length=1, max_length=64)]
+    op: OpName
     duration_s: Seconds
     step: NotRequired[StepNo | None]
     seq: NotRequired[Count | None]
     bytes: NotRequired[Count]
-    count: NotRequired[Annotated[int, Field(ge=1, le=2**31 - 1)]]
+    count: NotRequired[Annotated[int, NOT_BOOL, Field(ge=1, le=MAX_INT32)]]
     members: NotRequired[
-        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_RANKS)] | None
+        Annotated[
+            list[Annotated[int, NOT_BOOL, Field(ge=0, lt=MAX_RANKS)]], Field(max_length=MAX_RANKS)
+        ]
+        | None
     ]
 
 
 class Inflight(TypedDict):
     group: Name
-    op: Annotated[str, Field(min_length=1, max_length=64)]
-    since: Seconds
+    op: OpName
+    since: Timestamp
     seq: NotRequired[Count | None]
 
 
 class HeartbeatEvent(TypedDict):
     type: Literal["heartbeat"]
-    ts: Seconds
+    ts: Timestamp
     step: NotRequired[StepNo | None]
     inflight: NotRequired[Inflight | None]
-    pid: NotRequired[Annotated[int, Field(ge=0)] | None]
+    pid: NotRequired[Int32 | None]
     exiting: NotRequired[bool]
-    dropped: NotRequired[dict[Annotated[str, Field(max_length=64)], Count] | None]
+    dropped: NotRequired[dict[Hash, Count] | None]
 
 
 class OpSeqEvent(TypedDict):
     type: Literal["opseq"]
-    hash: Annotated[str, Field(min_length=1, max_length=64)]
-    ops: Annotated[list[Any], Field(max_length=200_000)]
+    hash: Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
+    ops: FreeList
 
 
 class TokenTimes(TypedDict):
     """Output tokens' delivery times, compact (``backend.ingest.tokens`` has the format)."""
 
     enc: Literal["dv1"]
-    stride: NotRequired[Annotated[int, Field(ge=1, le=2**31 - 1)]]
-    data: Annotated[str, Field(max_length=4 * MAX_RECORDED_TOKENS)]
+    stride: NotRequired[Annotated[int, NOT_BOOL, Field(ge=1, le=MAX_INT32)]]
+    data: Annotated[str, Field(max_length=4 * MAX_RECORDED_TOKENS, pattern=NO_NUL)]
 
 
 class RequestEvent(TypedDict):
@@ -98,13 +150,13 @@ class RequestEvent(TypedDict):
 
     type: Literal["request"]
     id: Name
-    arrival: Seconds
-    first_token: NotRequired[Seconds | None]
-    end: NotRequired[Seconds | None]
-    prompt_tokens: NotRequired[Annotated[int, Field(ge=0, le=2**31 - 1)] | None]
-    output_tokens: NotRequired[Annotated[int, Field(ge=0, le=2**31 - 1)] | None]
+    arrival: Timestamp
+    first_token: NotRequired[Timestamp | None]
+    end: NotRequired[Timestamp | None]
+    prompt_tokens: NotRequired[Int32 | None]
+    output_tokens: NotRequired[Int32 | None]
     max_tbt_s: NotRequired[Seconds | None]
-    status: NotRequired[Annotated[str, Field(min_length=1, max_length=32)]]
+    status: NotRequired[Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)]]
     queue_s: NotRequired[Seconds | None]
     model: NotRequired[Name | None]
     replica: NotRequired[Name | None]
@@ -116,25 +168,25 @@ class MetricEvent(TypedDict):
     name: Name
     value: Signal
     step: NotRequired[StepNo | None]
-    ts: NotRequired[Seconds | None]
+    ts: NotRequired[Timestamp | None]
 
 
 class NamedEvent(TypedDict):
     type: Literal["event"]
     name: Name
     step: NotRequired[StepNo | None]
-    ts: NotRequired[Seconds | None]
-    attrs: NotRequired[dict[str, Any]]
+    ts: NotRequired[Timestamp | None]
+    attrs: NotRequired[FreeDict]
 
 
 class ActionEvent(TypedDict):
     """A rank reporting on an action it received: acked, then succeeded or failed."""
 
     type: Literal["action"]
-    id: Annotated[int, Field(ge=1)]
+    id: Annotated[int, NOT_BOOL, Field(ge=1, le=MAX_INT32)]
     state: Literal["acked", "succeeded", "failed"]
-    ts: NotRequired[Seconds | None]
-    result: NotRequired[dict[str, Any] | None]
+    ts: NotRequired[Timestamp | None]
+    result: NotRequired[FreeDict | None]
 
 
 Event = Annotated[
@@ -162,10 +214,10 @@ class IngestBatch(BaseModel):
     job: str
     kind: Literal["training", "serving"] = "training"
     # world_size is declared first so that the rank check can see it.
-    world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1
-    rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0
-    host: Annotated[str, Field(max_length=255)] | None = None
-    attempt: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    world_size: Annotated[int, NOT_BOOL, Field(ge=1, le=MAX_RANKS)] = 1
+    rank: Annotated[int, NOT_BOOL, Field(ge=0, lt=MAX_RANKS)] = 0
+    host: Annotated[str, Field(max_length=255, pattern=NO_NUL)] | None = None
+    attempt: Annotated[int, NOT_BOOL, Field(ge=0, le=MAX_ATTEMPT)] = 0
     events: list[Event] = Field(default_factory=list)
 
     @field_validator("batch_id")

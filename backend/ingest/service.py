@@ -1,8 +1,10 @@
 """Store one validated ingest batch: all of it in the caller's transaction, or none.
 
 The hot path writes with Core bulk INSERTs (executemany), never one ORM object per row.
-Idempotency: the batch row is inserted first with ON CONFLICT DO NOTHING; when it already
-exists, the batch is a retry and nothing else is written.
+Idempotency: the batch row, unique per (job, ``batch_id``), is inserted first with ON
+CONFLICT DO NOTHING; when it already exists, the batch is a retry and nothing else is
+written, unless its content hash differs from the stored one: then it is refused (409).
+Which launch of the job a batch belongs to is ``backend.jobs.launches``'s call.
 
 Steps and collectives also go into their bins of the charts' rollups
 (``backend.telemetry.rollups``), requests into the serving minutes
@@ -12,11 +14,12 @@ same transaction; a retried batch writes nothing, so nothing is counted twice.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import case, select
 from sqlalchemy.orm import Session
 
 from backend.actions.service import dispatch_for_rank, record_report
@@ -25,7 +28,8 @@ from backend.errors import Conflict
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.tokens import decode_raw
-from backend.jobs.models import Job, Rank
+from backend.jobs.launches import Launch, follow_launch
+from backend.jobs.models import Rank
 from backend.slos.service import add_slo_minutes
 from backend.telemetry.models import (
     CollectiveRecord,
@@ -38,9 +42,17 @@ from backend.telemetry.models import (
 from backend.telemetry.rollups import add_collective_rollups, add_step_rollups
 from backend.telemetry.serving import add_serving_minutes
 
+# How far ahead of this server's clock a rank's stored step or heartbeat time may be and
+# still outrank the next one (``_update_rank``).
+MAX_CLOCK_SKEW_S = 300.0
 
-class JobKindConflict(Conflict):
-    """The batch names an existing job but disagrees on its kind."""
+
+class BatchIdReused(Conflict):
+    """A ``batch_id`` the job already stored came again with different content. Its own
+    ``error`` code tells a collector that a version of this batch *is* stored: one that
+    reuses an id only to resend (part of) a batch can take it as delivered."""
+
+    code = "batch_id_reused"
 
 
 @dataclass(frozen=True)
@@ -52,18 +64,35 @@ class IngestResult:
     actions: list[dict[str, Any]] = field(default_factory=list)
 
 
-def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
-    job_id = _ensure_job(session=session, batch=batch)
+def ingest_batch(
+    *, session: Session, batch: IngestBatch, content_hash: str | None = None
+) -> IngestResult:
+    """Store ``batch``. ``content_hash`` (the view passes the SHA-256 of the decompressed
+    body) tells a retry, stored once, from a reused ``batch_id`` with other content
+    (``BatchIdReused``, a 409): a collector retries with the very same body."""
+    launch = follow_launch(
+        session=session,
+        name=batch.job,
+        kind=batch.kind,
+        world_size=batch.world_size,
+        attempt=batch.attempt,
+    )
+    job_id = launch.job_id
     claimed = session.execute(
         insert_for(session, IngestBatchRow)
-        .values(batch_id=batch.batch_id, job_id=job_id, rank=batch.rank, events=len(batch.events))
-        .on_conflict_do_nothing(index_elements=["batch_id"])
+        .values(
+            job_id=job_id,
+            batch_id=batch.batch_id,
+            content_hash=content_hash,
+            rank=batch.rank,
+            events=len(batch.events),
+        )
+        .on_conflict_do_nothing(index_elements=["job_id", "batch_id"])
         .returning(IngestBatchRow.batch_id)
     ).first()
     if claimed is None:
-        actions = dispatch_for_rank(
-            session=session, job_id=job_id, rank=batch.rank, attempt=batch.attempt
-        )
+        _check_retry(session=session, job_id=job_id, batch=batch, content_hash=content_hash)
+        actions = _dispatch(session=session, batch=batch, launch=launch)
         return IngestResult(job_id, len(batch.events), True, {}, actions)
 
     by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -137,51 +166,37 @@ def ingest_batch(*, session: Session, batch: IngestBatch) -> IngestResult:
             state=report["state"],
             result=report.get("result"),
         )
-    _update_rank(session=session, batch=batch, job_id=job_id, by_type=by_type)
-    actions = dispatch_for_rank(
-        session=session, job_id=job_id, rank=batch.rank, attempt=batch.attempt
-    )
+    if launch.current:  # a lagging or stray batch does not touch the rank's live state
+        _update_rank(session=session, batch=batch, job_id=job_id, by_type=by_type)
+    actions = _dispatch(session=session, batch=batch, launch=launch)
     counts = {kind: len(events) for kind, events in by_type.items()}
     return IngestResult(job_id, len(batch.events), False, counts, actions)
 
 
-def _ensure_job(*, session: Session, batch: IngestBatch) -> int:
-    """Find or create the job. Its row is only written when something about it grows,
-    so concurrent batches from many ranks do not queue on one row lock."""
-    row = session.execute(
-        select(Job.id, Job.kind, Job.world_size, Job.attempt).where(Job.name == batch.job)
-    ).first()
-    if row is None:
-        session.execute(
-            insert_for(session, Job)
-            .values(
-                name=batch.job,
-                kind=batch.kind,
-                world_size=batch.world_size,
-                attempt=batch.attempt,
-                created_at=utcnow(),
-            )
-            .on_conflict_do_nothing(index_elements=["name"])
+def _check_retry(
+    *, session: Session, job_id: int, batch: IngestBatch, content_hash: str | None
+) -> None:
+    stored = session.scalar(
+        select(IngestBatchRow.content_hash).where(
+            IngestBatchRow.job_id == job_id, IngestBatchRow.batch_id == batch.batch_id
         )
-        row = session.execute(
-            select(Job.id, Job.kind, Job.world_size, Job.attempt).where(Job.name == batch.job)
-        ).one()
-    job_id, kind, world_size, attempt = row
-    if kind != batch.kind:
-        raise JobKindConflict(
-            f"job {batch.job!r} is a {kind} job; this batch says kind={batch.kind!r}"
+    )
+    if content_hash is not None and stored is not None and stored != content_hash:
+        raise BatchIdReused(
+            f"batch_id {batch.batch_id!r} was already stored for job {batch.job!r} with "
+            "different content; a retry must send the same body, new data a new batch_id",
+            extra={"batch_id": batch.batch_id},
         )
-    if batch.world_size != world_size or batch.attempt > attempt:
-        # A restart may change the world size (elastic jobs, evicted ranks).
-        session.execute(
-            update(Job)
-            .where(Job.id == job_id)
-            .values(
-                world_size=batch.world_size if batch.attempt >= attempt else world_size,
-                attempt=max(attempt, batch.attempt),
-            )
-        )
-    return int(job_id)
+
+
+def _dispatch(*, session: Session, batch: IngestBatch, launch: Launch) -> list[dict[str, Any]]:
+    """Actions for the rank, when the batch is of the job's current launch (a stray attempt
+    must neither receive nor close them)."""
+    if not launch.current:
+        return []
+    return dispatch_for_rank(
+        session=session, job_id=launch.job_id, rank=batch.rank, attempt=launch.attempt
+    )
 
 
 def _update_rank(
@@ -218,11 +233,18 @@ def _update_rank(
 
     stmt = insert_for(session, Rank).values(**values)
     new, cur = stmt.excluded, Rank.__table__.c
+    # A stored time further ahead of this server's clock than MAX_CLOCK_SKEW_S (a bad clock,
+    # a hostile payload) does not outrank the next real one, which would freeze the rank.
+    ahead = time.time() + MAX_CLOCK_SKEW_S
     newer_step = (new.last_step_ts.is_not(None)) & (
-        cur.last_step_ts.is_(None) | (new.last_step_ts >= cur.last_step_ts)
+        cur.last_step_ts.is_(None)
+        | (new.last_step_ts >= cur.last_step_ts)
+        | (cur.last_step_ts > ahead)
     )
     newer_beat = (new.last_heartbeat_ts.is_not(None)) & (
-        cur.last_heartbeat_ts.is_(None) | (new.last_heartbeat_ts >= cur.last_heartbeat_ts)
+        cur.last_heartbeat_ts.is_(None)
+        | (new.last_heartbeat_ts >= cur.last_heartbeat_ts)
+        | (cur.last_heartbeat_ts > ahead)
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=["job_id", "rank"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import zlib
@@ -16,7 +17,13 @@ from backend.auth.deps import require_scope
 from backend.db import session_scope
 from backend.detection.schedule import DetectionScheduler
 from backend.errors import DomainError, Invalid
-from backend.ingest.schemas import IngestBatch, IngestReply, check_request_times, format_loc
+from backend.ingest.schemas import (
+    NO_NUL,
+    IngestBatch,
+    IngestReply,
+    check_request_times,
+    format_loc,
+)
 from backend.ingest.service import ingest_batch
 from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 from backend.settings import Settings
@@ -64,7 +71,10 @@ def _throttled(settings: Settings, why: str) -> HTTPException:
     responses={
         400: {"description": "Body is not valid JSON or gzip"},
         401: {"description": "Missing or invalid token"},
-        409: {"description": "Batch conflicts with the stored job"},
+        409: {
+            "description": "Batch conflicts with the stored job (its kind), or reuses a "
+            "batch_id with different content"
+        },
         413: {"description": "Body too large"},
         415: {"description": "Unsupported content type or encoding"},
         422: {"description": "A field is invalid; `detail[].field` names it"},
@@ -116,6 +126,14 @@ def _gunzip(body: bytes, limit: int) -> bytes:
         raise HTTPException(413, f"decompressed body exceeds the {limit}-byte limit")
     if not inflater.eof:
         raise HTTPException(400, "body is not valid gzip: truncated stream")
+    if inflater.unused_data:
+        # A second member or trailing bytes: zlib stops after the first member, so they
+        # would be dropped without a word. One member, nothing after it.
+        raise HTTPException(
+            400,
+            f"body is not valid gzip: {len(inflater.unused_data)} bytes after the end of the "
+            "gzip stream (send one gzip member and nothing after it)",
+        )
     return out
 
 
@@ -125,7 +143,10 @@ def _store(request: Request, body: bytes) -> Any:
     try:
         batch = _parse(body, settings)
         with session_scope(request.app.state.sessionmaker, write=True) as session:
-            result = ingest_batch(session=session, batch=batch)
+            # The decompressed body's hash: a retry (same body, however compressed) is a
+            # duplicate; the same batch_id with other content is a 409.
+            digest = hashlib.sha256(body).hexdigest()
+            result = ingest_batch(session=session, batch=batch, content_hash=digest)
     except (DomainError, HTTPException):  # refused (e.g. JobKindConflict): nothing stored
         INGEST_BATCHES.labels("rejected").inc()
         raise
@@ -169,11 +190,13 @@ def _validation_error(exc: ValidationError) -> DomainError:
     if errors and errors[0]["type"] == "json_invalid":
         return DomainError(f"body is not valid JSON: {errors[0]['msg']}")
     detail = [
-        {
-            "field": format_loc(tuple(e["loc"])),
-            "msg": e["msg"].removeprefix("Value error, "),
-            "type": e["type"],
-        }
+        {"field": format_loc(tuple(e["loc"])), "msg": _message(e), "type": e["type"]}
         for e in errors[:50]
     ]
     return Invalid(detail)
+
+
+def _message(error: Any) -> str:
+    if error["type"] == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == NO_NUL:
+        return "must not contain a NUL character (\\u0000)"
+    return str(error["msg"]).removeprefix("Value error, ")

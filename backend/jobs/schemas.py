@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, WithJsonSchema
+
+# A reading where NaN/Inf is the signal (loss, grad norm, a detector's score). JSON has no
+# NaN, so models with ``ser_json_inf_nan="strings"`` send "NaN", "Infinity" or
+# "-Infinity"; the OpenAPI schema says so (the UI's charts read them as gaps).
+Reading = Annotated[
+    float | None,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number"},
+                {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]},
+                {"type": "null"},
+            ]
+        },
+        mode="serialization",
+    ),
+]
 
 
 class JobOut(BaseModel):
@@ -37,8 +54,8 @@ class StepOut(BaseModel):
     duration_s: float
     comm_s: float | None
     data_s: float | None
-    loss: float | None
-    grad_norm: float | None
+    loss: Reading
+    grad_norm: Reading
     mem_bytes: int | None
     tokens: int | None
     opseq: str | None

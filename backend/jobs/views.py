@@ -8,8 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from backend.auth.deps import require_scope
-from backend.deps import SessionDep
-from backend.errors import Invalid, NotFound
+from backend.deps import RankQuery, SessionDep, StepQuery
+from backend.errors import Invalid, NotFound, errors
 from backend.jobs import service
 from backend.jobs.schemas import JobDetail, JobOut, RankOut, StepOut, StepPage
 
@@ -23,7 +23,7 @@ def list_jobs(session: SessionDep) -> Any:
     return service.list_jobs(session=session)
 
 
-@router.get("/{job}", response_model=JobDetail)
+@router.get("/{job}", response_model=JobDetail, responses=errors(404))
 def get_job(job: str, session: SessionDep) -> Any:
     found = service.get_job(session=session, name=job)
     if found is None:
@@ -31,13 +31,13 @@ def get_job(job: str, session: SessionDep) -> Any:
     return found
 
 
-@router.get("/{job}/steps", response_model=StepPage)
+@router.get("/{job}/steps", response_model=StepPage, responses=errors(404))
 def list_steps(
     job: str,
     session: SessionDep,
-    rank: Annotated[int | None, Query(ge=0)] = None,
-    from_step: Annotated[int | None, Query(ge=0)] = None,
-    to_step: Annotated[int | None, Query(ge=0)] = None,
+    rank: RankQuery = None,
+    from_step: StepQuery = None,
+    to_step: StepQuery = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
 ) -> Any:
@@ -63,7 +63,7 @@ def list_steps(
     )
 
 
-@router.get("/{job}/ranks", response_model=list[RankOut])
+@router.get("/{job}/ranks", response_model=list[RankOut], responses=errors(404))
 def list_ranks(job: str, session: SessionDep) -> Any:
     """Each rank's latest state: steps, heartbeat age, the collective it is inside."""
     job_id = service.require_job_id(session=session, name=job)

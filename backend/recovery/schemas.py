@@ -28,7 +28,7 @@ Mode = Literal["auto", "approve", "off"]
 class PolicyParams(BaseModel):
     """Cost-model inputs and guards. Unset values take the built-in defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     horizon_s: Annotated[float, Field(gt=0, le=10 * 365 * 86_400)] | None = Field(
         default=None, description="Training time left that a slowdown would affect (default 4 h)."
@@ -64,7 +64,7 @@ class PolicyParams(BaseModel):
 
 
 class PolicyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     mode: Mode = Field(description="auto: act; approve: propose and wait; off: do nothing.")
     actions: list[ActionKind] | None = Field(
@@ -86,7 +86,7 @@ class PolicyOut(BaseModel):
 class DecisionIn(BaseModel):
     """Body of approve and cancel (optional)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     force: bool = Field(
         default=False, description="Approve even if a guard (cooldown, cap) blocks."

@@ -19,8 +19,8 @@ from backend.actions.schemas import ActionOut
 from backend.actions.views import action_out
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
-from backend.deps import SessionDep
-from backend.errors import Invalid, NotFound, error_response
+from backend.deps import RowId, SessionDep
+from backend.errors import Invalid, NotFound, error_response, errors
 from backend.jobs.service import require_job_id
 from backend.recovery import service
 from backend.recovery.models import RecoveryPolicy
@@ -74,10 +74,14 @@ def _decide(
     return action_out(action, job)
 
 
-@router.post("/jobs/{job}/actions/{action_id}/approve", response_model=ActionOut)
+@router.post(
+    "/jobs/{job}/actions/{action_id}/approve",
+    response_model=ActionOut,
+    responses=errors(404, 409, e409="Not proposed, expired, or a guard blocks it (`guards`)"),
+)
 def approve_action(
     job: str,
-    action_id: int,
+    action_id: RowId,
     request: Request,
     session: SessionDep,
     principal: Admin,
@@ -88,10 +92,12 @@ def approve_action(
     return _decide(request, session, job, action_id, body, principal, approve=True)
 
 
-@router.post("/jobs/{job}/actions/{action_id}/cancel", response_model=ActionOut)
+@router.post(
+    "/jobs/{job}/actions/{action_id}/cancel", response_model=ActionOut, responses=errors(404, 409)
+)
 def cancel_action(
     job: str,
-    action_id: int,
+    action_id: RowId,
     request: Request,
     session: SessionDep,
     principal: Admin,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 Threshold = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] | None
 Objective = Annotated[float, Field(gt=0, lt=1, examples=[0.99])]
@@ -16,7 +17,7 @@ Name = Annotated[str, Field(min_length=1, max_length=128, examples=["interactive
 class SloIn(BaseModel):
     """``job`` and ``name`` identify the SLO; at least one threshold (seconds) is set."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     job: Annotated[str, Field(min_length=1, max_length=200, examples=["chat-prod"])]
     name: Name
@@ -32,16 +33,24 @@ class SloIn(BaseModel):
 class SloPatch(BaseModel):
     """Any of the SLO's fields; ``null`` clears a threshold."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: Name | None = None
+    # Unset: unchanged. These three may not be null (the SLO always has them).
+    name: Name | SkipJsonSchema[None] = None
     model: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     ttft_s: Threshold = None
     tpot_s: Threshold = None
     max_tbt_s: Threshold = None
     e2e_s: Threshold = None
-    objective: Objective | None = None
-    period_s: Period | None = None
+    objective: Objective | SkipJsonSchema[None] = None
+    period_s: Period | SkipJsonSchema[None] = None
+
+    @field_validator("name", "objective", "period_s")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        if value is None:  # sent as null: only the thresholds and model can be cleared
+            raise ValueError("may not be null")
+        return value
 
 
 class SloOut(BaseModel):

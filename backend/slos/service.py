@@ -82,10 +82,11 @@ def update_slo(*, session: Session, slo: Slo, **changes: Any) -> Slo:
     for key, value in changes.items():
         setattr(slo, key, value)
     slo.updated_at = utcnow()
+    job, name = slo.job, slo.name  # after a failed flush the row can no longer be read
     try:
         session.flush()
     except IntegrityError:
-        raise SloNameTaken(f"job {slo.job!r} already has an SLO named {slo.name!r}") from None
+        raise SloNameTaken(f"job {job!r} already has an SLO named {name!r}") from None
     rebuild(session=session, slo=slo)
     return slo
 

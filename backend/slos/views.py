@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Response
 
 from backend.auth.deps import require_scope
-from backend.deps import SessionDep
+from backend.deps import RowId, SessionDep
+from backend.errors import errors
 from backend.slos import service
 from backend.slos.models import Slo
 from backend.slos.schemas import SloIn, SloOut, SloPatch, SloStatus
@@ -27,7 +28,9 @@ def _out(slo: Slo) -> dict[str, Any]:
     return {c.key: getattr(slo, c.key) for c in Slo.__table__.columns}
 
 
-@router.post("/slos", response_model=SloOut, status_code=201, dependencies=ADMIN)
+@router.post(
+    "/slos", response_model=SloOut, status_code=201, dependencies=ADMIN, responses=errors(409)
+)
 def create_slo(body: SloIn, session: SessionDep) -> Any:
     """Define an SLO for a serving job (the job need not have reported yet). Its figures
     are computed from the requests already stored. 409 if the job has one of that name."""
@@ -40,31 +43,35 @@ def list_slos(session: SessionDep, job: str | None = None) -> Any:
     return [_out(s) for s in service.list_slos(session=session, job=job)]
 
 
-@router.get("/slos/{slo_id}", response_model=SloOut, dependencies=READ)
-def get_slo(slo_id: int, session: SessionDep) -> Any:
+@router.get("/slos/{slo_id}", response_model=SloOut, dependencies=READ, responses=errors(404))
+def get_slo(slo_id: RowId, session: SessionDep) -> Any:
     return _out(service.get_slo(session=session, slo_id=slo_id))
 
 
-@router.patch("/slos/{slo_id}", response_model=SloOut, dependencies=ADMIN)
-def update_slo(slo_id: int, body: SloPatch, session: SessionDep) -> Any:
+@router.patch(
+    "/slos/{slo_id}", response_model=SloOut, dependencies=ADMIN, responses=errors(404, 409)
+)
+def update_slo(slo_id: RowId, body: SloPatch, session: SessionDep) -> Any:
     """Change an SLO; its figures are recomputed for the new thresholds."""
     slo = service.get_slo(session=session, slo_id=slo_id)
     changes = body.model_dump(exclude_unset=True)
     return _out(service.update_slo(session=session, slo=slo, **changes))
 
 
-@router.delete("/slos/{slo_id}", status_code=204, dependencies=ADMIN)
-def delete_slo(slo_id: int, session: SessionDep) -> Response:
+@router.delete("/slos/{slo_id}", status_code=204, dependencies=ADMIN, responses=errors(404))
+def delete_slo(slo_id: RowId, session: SessionDep) -> Response:
     service.delete_slo(session=session, slo=service.get_slo(session=session, slo_id=slo_id))
     return Response(status_code=204)
 
 
-@router.get("/jobs/{job}/slos", response_model=list[SloStatus], dependencies=READ)
+@router.get(
+    "/jobs/{job}/slos", response_model=list[SloStatus], dependencies=READ, responses=errors(404)
+)
 def job_slos(
     job: str,
     session: SessionDep,
-    since: Annotated[float | None, Query(ge=0, description="epoch seconds")] = None,
-    until: Annotated[float | None, Query(ge=0, description="epoch seconds")] = None,
+    since: Annotated[float | None, Query(ge=0, le=1e10, description="epoch seconds")] = None,
+    until: Annotated[float | None, Query(ge=0, le=1e10, description="epoch seconds")] = None,
 ) -> Any:
     """Each SLO of the job with its attainment (joint and per threshold), goodput,
     smooth goodput, error budget left and burn rates, over ``since..until`` (default: the

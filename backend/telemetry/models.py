@@ -53,7 +53,9 @@ ROLLUP_WIDTHS = (16, 64, 256, 1024, 4096)
 
 # A loss counts as finite where ``-FINITE <= loss <= FINITE``: NaN and ±Inf don't (NaN is
 # text on SQLite and above every number on Postgres, so ``BETWEEN`` leaves it out on both).
-FINITE = 1e300
+# 1e290: a bin counts at most 2**31 losses (its INTEGER ``n``), and 2**31 × 1e290 is far
+# below the largest double, so a rollup's ``sum_loss`` can never overflow.
+FINITE = 1e290
 
 
 class StepRollup(Base):

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import Integer, case, delete, func, insert, literal, select, text
+from sqlalchemy import Double, Integer, case, cast, delete, func, insert, literal, select, text
 from sqlalchemy.orm import Session
 
 from backend.db import insert_for
@@ -335,7 +335,7 @@ def rebuild_collective_rollups(*, session: Session, job_id: int) -> None:
                 c.rank,
                 c.group,
                 func.count(),
-                func.sum(c.bytes),
+                func.sum(cast(c.bytes, Double)),  # SQLite's integer sum() overflows at 2**63
                 func.sum(c.duration_s),
             )
             .where(c.job_id == job_id, c.step.is_not(None), c.duration_s > 0)

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from backend.deps import SessionDep
+from backend.errors import errors
 from backend.jobs import service as jobs
 from backend.telemetry import queries, serving_queries
 from backend.telemetry.schemas import ServingChart, ServingStatus
@@ -24,10 +25,10 @@ from backend.ui.auth import ReadApi
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
-EpochS = Annotated[float | None, Query(ge=0, description="epoch seconds")]
+EpochS = Annotated[float | None, Query(ge=0, le=1e10, description="epoch seconds")]
 
 
-@router.get("/jobs/{job}/serving", response_model=ServingChart)
+@router.get("/jobs/{job}/serving", response_model=ServingChart, responses=errors(404))
 def serving_chart(
     job: str,
     session: SessionDep,
@@ -53,7 +54,7 @@ def serving_chart(
     )
 
 
-@router.get("/jobs/{job}/serving/status", response_model=ServingStatus)
+@router.get("/jobs/{job}/serving/status", response_model=ServingStatus, responses=errors(404))
 def serving_status(job: str, session: SessionDep, _: ReadApi) -> Any:
     """What the serving page refreshes: each SLO with its attainment, goodput, error
     budget and burn rates over its period; a headline saying whether the SLOs are met now

@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from backend.deps import SessionDep
-from backend.errors import NotFound
+from backend.deps import RowId, SessionDep, StepQuery
+from backend.errors import NotFound, errors
 from backend.goodput.service import job_goodput
 from backend.incidents.service import get_incident
 from backend.jobs import service as jobs
@@ -29,10 +29,15 @@ from backend.ui.auth import ReadApi
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 
-FromStep = Annotated[int | None, Query(ge=0)]
+FromStep = StepQuery
 
 
-@router.get("/jobs/{job}/heatmap", response_model=Heatmap, response_model_exclude_unset=True)
+@router.get(
+    "/jobs/{job}/heatmap",
+    response_model=Heatmap,
+    response_model_exclude_unset=True,
+    responses=errors(404),
+)
 def heatmap(
     job: str,
     session: SessionDep,
@@ -60,7 +65,12 @@ def heatmap(
     )
 
 
-@router.get("/jobs/{job}/series", response_model=Series, response_model_exclude_unset=True)
+@router.get(
+    "/jobs/{job}/series",
+    response_model=Series,
+    response_model_exclude_unset=True,
+    responses=errors(404),
+)
 def series(
     job: str,
     session: SessionDep,
@@ -80,7 +90,12 @@ def series(
     )
 
 
-@router.get("/jobs/{job}/bandwidth", response_model=Bandwidth, response_model_exclude_unset=True)
+@router.get(
+    "/jobs/{job}/bandwidth",
+    response_model=Bandwidth,
+    response_model_exclude_unset=True,
+    responses=errors(404),
+)
 def bandwidth(
     job: str,
     session: SessionDep,
@@ -99,7 +114,12 @@ def bandwidth(
     )
 
 
-@router.get("/jobs/{job}/overview", response_model=JobOverview, response_model_exclude_unset=True)
+@router.get(
+    "/jobs/{job}/overview",
+    response_model=JobOverview,
+    response_model_exclude_unset=True,
+    responses=errors(404),
+)
 def job_overview(job: str, session: SessionDep, _: ReadApi) -> Any:
     """What the dashboard refreshes: current step, goodput, recent incidents."""
     found = jobs.get_job(session=session, name=job)
@@ -117,8 +137,9 @@ def job_overview(job: str, session: SessionDep, _: ReadApi) -> Any:
     "/incidents/{incident_id}/evidence-chart",
     response_model=EvidenceChart,
     response_model_exclude_unset=True,
+    responses=errors(404),
 )
-def evidence_chart(incident_id: int, session: SessionDep, _: ReadApi) -> Any:
+def evidence_chart(incident_id: RowId, session: SessionDep, _: ReadApi) -> Any:
     """Compute time per step around the incident's first step: each named rank and the
     median over all ranks."""
     row = get_incident(session=session, incident_id=incident_id)

@@ -66,7 +66,7 @@ def login(request: Request, form: CsrfForm) -> Response:
     if error is not None:
         request.state.ui_principal = None
         context = {"next": safe_next(form.get_str("next")), "error": error}
-        return render(request, "login.html", context, status=401, no_store=True)
+        return render(request, "login.html", context, status=401)
     response = RedirectResponse(safe_next(form.get_str("next")), status_code=303)
     sign_in(request, response, token)
     return response
@@ -171,7 +171,7 @@ def add_receiver(request: Request, form: CsrfForm, who: AdminPage, session: Sess
     if receiver.format != "generic":
         return back(form, "/settings", "receiver_added")
     context = {**settings_context(session, True), "new_secret": (receiver.name, receiver.secret)}
-    return render(request, "settings.html", context, no_store=True)
+    return render(request, "settings.html", context)
 
 
 @router.post("/ui/webhooks/{receiver_id}/delete")
@@ -243,7 +243,7 @@ def add_token(request: Request, form: CsrfForm, who: AdminPage, session: Session
         raise PageError(422, str(exc)) from None
     row, secret = create_token(session=session, name=name, scopes=scopes)
     context = {**settings_context(session, True), "new_token": (row.name, secret)}
-    return render(request, "settings.html", context, no_store=True)
+    return render(request, "settings.html", context)
 
 
 @router.post("/ui/tokens/{token_id}/revoke")

@@ -2,6 +2,7 @@
 
     /                 jobs at a glance          /alerts      open and recent incidents
     /jobs/{job}       charts, ranks, incidents  /settings    receivers, policies, tokens
+                                                             (admins only)
     /jobs/{job}/serving  SLOs, latency, replicas (``backend.ui.serving``)
     /incidents/{id}   evidence and actions      /login       paste an API token
 
@@ -33,7 +34,7 @@ from backend.jobs import service as jobs
 from backend.jobs.models import Job
 from backend.recovery.models import POLICY_MODES, RecoveryPolicy
 from backend.ui import overview
-from backend.ui.auth import TOKEN_COOKIE, ReadPage, principal, safe_next
+from backend.ui.auth import TOKEN_COOKIE, AdminPage, ReadPage, principal, safe_next
 from backend.ui.errors import PageError, PageRoute
 from backend.ui.render import render
 from backend.ui.stream import incident_signature
@@ -130,9 +131,9 @@ def alerts_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
 
 
 @router.get("/settings")
-def settings_page(request: Request, session: SessionDep, who: ReadPage) -> Response:
-    """Receivers and policies for every reader; tokens for admins only."""
-    return render(request, "settings.html", settings_context(session, who.has("admin")))
+def settings_page(request: Request, session: SessionDep, who: AdminPage) -> Response:
+    """Receivers, policies and tokens: admins only (a reader gets a 403 page)."""
+    return render(request, "settings.html", settings_context(session, True))
 
 
 def settings_context(session: SessionDep, admin: bool) -> dict[str, object]:
@@ -157,7 +158,7 @@ def settings_context(session: SessionDep, admin: bool) -> dict[str, object]:
 def login_page(request: Request) -> Response:
     request.state.ui_principal = who = principal(request)
     context = {"next": safe_next(request.query_params.get("next")), "error": None}
-    response = render(request, "login.html", context, no_store=True)
+    response = render(request, "login.html", context)
     if who is None and request.cookies.get(TOKEN_COOKIE):
         response.delete_cookie(TOKEN_COOKIE, path="/")  # revoked or invalid: forget it
     return response

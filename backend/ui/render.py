@@ -51,7 +51,6 @@ def render(
     *,
     page: dict[str, Any] | None = None,
     status: int = 200,
-    no_store: bool = False,
 ) -> Response:
     """Render ``name`` with the shared context (who, CSRF token, flash message)."""
     who = getattr(request.state, "ui_principal", None)
@@ -65,6 +64,6 @@ def render(
         **context,
     }
     response = templates.TemplateResponse(request, name, full, status_code=status)
-    if no_store:
-        response.headers["Cache-Control"] = "no-store"
+    # Every page shows what its viewer may see (or a CSRF token): no cache keeps it.
+    response.headers["Cache-Control"] = "no-store"
     return finish(request, secure_headers(response))

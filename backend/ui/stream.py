@@ -14,12 +14,20 @@ worker thread, and sends an event only when the job has new steps or its inciden
 a ``: ping`` comment every 15 s keeps proxies from closing the connection. It stops when
 the browser goes away; after ``MAX_STREAM_S`` it ends the stream and the browser's
 EventSource reconnects, resuming from ``Last-Event-ID``.
+
+Each open stream costs a poll a second, so they are capped per process: at most
+``VIGIL_MAX_STREAMS_PER_TOKEN`` per token (or per browser without one, in development),
+else ``429``; at most ``VIGIL_MAX_STREAMS`` in all, else ``503``; both with ``Retry-After``.
+A stream's slot is freed when it ends, however it ends.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
@@ -28,14 +36,16 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import Receive, Scope, Send
 
 from backend.db import session_scope
 from backend.incidents.models import Incident
 from backend.jobs.models import Rank
 from backend.jobs.service import get_job_id
+from backend.settings import Settings
 from backend.telemetry.models import StepRecord
 from backend.telemetry.queries import incident_marks, lowest_rank, num
-from backend.ui.auth import ReadApi
+from backend.ui.auth import TOKEN_COOKIE, ReadApi
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
@@ -43,6 +53,66 @@ POLL_S = 1.0
 HEARTBEAT_S = 15.0
 MAX_STREAM_S = 1800.0
 MAX_POINTS = 2000
+
+
+class StreamSlots:
+    """Counts open streams, in total and per key (a token). ``acquire`` answers ``None``
+    when the stream may open, else the status to refuse it with (429: this key has its
+    share; 503: the process is full); every ``None`` must be matched by one ``release``."""
+
+    def __init__(self, total: int, per_key: int) -> None:
+        self.total = total
+        self.per_key = per_key
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> int | None:
+        with self._lock:
+            if self._open[key] >= self.per_key:
+                return 429
+            if sum(self._open.values()) >= self.total:
+                return 503
+            self._open[key] += 1
+            return None
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._open[key] -= 1
+            if self._open[key] <= 0:
+                del self._open[key]
+
+    def open(self) -> int:
+        with self._lock:
+            return sum(self._open.values())
+
+
+def stream_key(request: Request) -> str:
+    """Whose stream this is: the token sent (header or cookie, hashed), else the client."""
+    header = request.headers.get("authorization", "")
+    kind, _, token = header.partition(" ")
+    secret = token.strip() if kind.lower() == "bearer" else ""
+    secret = secret or request.cookies.get(TOKEN_COOKIE, "")
+    if secret:
+        return "token:" + hashlib.sha256(secret.encode()).hexdigest()
+    return "client:" + (request.client.host if request.client else "?")
+
+
+class SlotStream(StreamingResponse):
+    """A streaming response that frees its slot when it ends, however it ends."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 def current_step(session: Session, job_id: int) -> int | None:
@@ -166,11 +236,22 @@ async def job_stream(
     if job_id is None:
         raise HTTPException(404, f"job {job!r} not found")
     after, sig = resume_point(request, after_step, incidents)
+    slots: StreamSlots = request.app.state.stream_slots
+    key = stream_key(request)
+    refused = slots.acquire(key)
+    if refused is not None:
+        settings: Settings = request.app.state.settings
+        why = (
+            f"this token has {slots.per_key} live streams open already"
+            if refused == 429
+            else f"the server has {slots.total} live streams open"
+        )
+        raise HTTPException(
+            refused,
+            f"{why}; close one or retry later",
+            headers={"Retry-After": str(settings.retry_after_s)},
+        )
     events = job_events(
         factory, job_id, after_step=after, signature=sig, is_disconnected=request.is_disconnected
     )
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return SlotStream(events, release=lambda: slots.release(key))

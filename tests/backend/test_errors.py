@@ -276,3 +276,52 @@ def test_error_body_is_json_ready():
         "detail": "busy",
         "since": "2024-01-01T00:00:00+00:00",
     }
+
+
+# --- no echo of the input -----------------------------------------------------------------
+
+
+def test_a_422_carries_only_an_excerpt_of_a_huge_input(client):
+    huge = "k" * 200_000
+    reply = client.post(
+        "/api/v1/webhooks",
+        json={"name": "x", "url": "http://127.0.0.1:9/", "kinds": [huge]},
+        headers=ADMIN,
+    )
+    detail = shape(reply, 422, "invalid")["detail"]
+    assert detail[0]["field"] == "kinds"
+    assert "unknown incident kinds ['kkkk" in detail[0]["msg"]
+    assert len(reply.content) < 2_000  # an excerpt, not the 200 kB
+
+
+def test_a_dashboard_422_echoes_only_an_excerpt(client):
+    reply = client.get(f"/ui/jobs/x/stream?after_step={'9x' * 20_000}")
+    assert reply.status_code == 422
+    assert reply.json()["detail"][0]["loc"] == ["query", "after_step"]
+    assert len(reply.content) < 2_000
+
+
+def test_a_domain_error_string_is_cut_to_an_excerpt(client):
+    reply = client.put(f"/api/v1/policies/{'y' * 5000}", json={"mode": "off"}, headers=ADMIN)
+    detail = shape(reply, 422, "invalid")["detail"]
+    assert detail.startswith("kind: unknown incident kind 'yyy") and len(detail) < 1_000
+    assert detail.endswith("or '*'")  # the useful tail survives the cut
+
+
+# --- methods: OPTIONS and 405 name every method of the path ----------------------------
+
+
+def test_options_answers_with_every_method_of_the_path(client):
+    reply = client.options("/api/v1/webhooks/7")
+    assert reply.status_code == 204
+    assert set(reply.headers["allow"].split(", ")) == {"GET", "PATCH", "DELETE", "OPTIONS"}
+
+
+def test_405_allow_names_every_method_of_the_path(client):
+    reply = client.put("/api/v1/webhooks", headers=ADMIN, json={})
+    shape(reply, 405, "method_not_allowed")
+    assert set(reply.headers["allow"].split(", ")) == {"GET", "POST", "OPTIONS"}
+
+
+def test_options_on_an_unknown_path_is_404(client):
+    assert client.options("/api/v1/nothing-here").status_code == 404

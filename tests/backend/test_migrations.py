@@ -54,3 +54,56 @@ def test_revisions_have_real_messages():
 
     for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions():
         assert rev.doc and rev.doc.lower() not in ("empty message", ""), rev.revision
+
+
+def test_0010_scopes_batch_ids_to_their_job_and_back(fresh_url):
+    """Stored batches survive the key change both ways; going back, of a batch_id two jobs
+    share the lowest job's row is kept (the old key allows one)."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from backend.migrate import alembic_config
+
+    config = alembic_config(fresh_url)
+    command.upgrade(config, "0009")
+    engine = make_engine(fresh_url)
+    now = "2026-11-26 00:00:00+00:00"
+    try:
+        with engine.begin() as conn:
+            for job_id in (1, 2):
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (id, name, kind, world_size, attempt, created_at) "
+                        "VALUES (:id, :name, 'training', 1, 0, :now)"
+                    ),
+                    {"id": job_id, "name": f"job-{job_id}", "now": now},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO ingest_batches (batch_id, job_id, rank, events, received_at) "
+                    "VALUES ('b-1', 1, 0, 3, :now)"
+                ),
+                {"now": now},
+            )
+        command.upgrade(config, "head")
+        assert inspect(engine).get_pk_constraint("ingest_batches")["constrained_columns"] == [
+            "job_id",
+            "batch_id",
+        ]
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO ingest_batches (batch_id, job_id, rank, events, received_at, "
+                    "content_hash) VALUES ('b-1', 2, 0, 1, :now, 'ab')"
+                ),
+                {"now": now},
+            )
+        command.downgrade(config, "0009")
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT batch_id, job_id, events FROM ingest_batches"))
+            assert [tuple(r) for r in rows] == [("b-1", 1, 3)]
+        assert inspect(engine).get_pk_constraint("ingest_batches")["constrained_columns"] == [
+            "batch_id"
+        ]
+    finally:
+        engine.dispose()

@@ -130,3 +130,16 @@ def resolve(session: Session, incident: Incident, at: datetime) -> Incident:
 def make_receiver(session: Session, name: str = "oncall", **fields: Any) -> WebhookReceiver:
     fields.setdefault("url", "http://127.0.0.1:9/hook")
     return service.create_receiver(session=session, name=name, **fields)
+
+
+@pytest.fixture(autouse=True)
+def _sealing_key() -> Iterator[None]:
+    """Tests that call the services without an app still seal with a key (a fixed test key,
+    not a key file next to ./vigil.db, which is what a process without settings would use)."""
+    from backend.alerts import sealing
+
+    before = sealing._keyring
+    if before is None:
+        sealing._keyring = sealing.Keyring(["vigil-tests-sealing-key"], "tests")
+    yield
+    sealing._keyring = before

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from backend.auth.models import ApiToken
 from backend.auth.service import TokenVerifier, create_token, hash_token, revoke_token
+from backend.db import utcnow
 from tests.factories import batch, step
 
 
@@ -43,10 +44,18 @@ def test_verifier_caches_within_its_window(session_factory, session):
     session.commit()
     verifier = TokenVerifier(session_factory, {}, cache_s=3600)
     assert verifier.verify(secret) is not None
-    revoke_token(session=session, token_id=row.id)
+    # Revoked behind this process's back (another replica): cached until cache_s passes.
+    session.execute(update(ApiToken).where(ApiToken.id == row.id).values(revoked_at=utcnow()))
     session.commit()
-    assert verifier.verify(secret) is not None  # still cached: revocation lags by cache_s
+    assert verifier.verify(secret) is not None
     assert TokenVerifier(session_factory, {}, cache_s=0).verify(secret) is None
+    # Revoked through the service in this process: forgotten as soon as it commits.
+    row2, secret2 = create_token(session=session, name="t2", scopes=["read"])
+    session.commit()
+    assert verifier.verify(secret2) is not None
+    revoke_token(session=session, token_id=row2.id)
+    session.commit()
+    assert verifier.verify(secret2) is None
 
 
 def test_admin_implies_every_scope(client):

@@ -162,3 +162,32 @@ def test_gzip_bomb_is_413(client, session):
     )
     assert reply.status_code == 413
     assert "decompressed" in reply.json()["detail"]
+
+
+def post_gzip(client, body: bytes):  # type: ignore[no-untyped-def]
+    return client.post(
+        "/api/v1/ingest",
+        content=body,
+        headers={**INGEST, "Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("what", "after"),
+    [
+        ("a second gzip member", gzip.compress(b' "more": 1}')),
+        ("trailing garbage", b"garbage"),
+        ("a trailing zero byte", b"\x00"),
+    ],
+)
+def test_data_after_the_gzip_stream_is_refused(client, session, what, after):
+    """Data after the first gzip member would be silently ignored: refuse the body."""
+    reply = post_gzip(client, gzip.compress(json.dumps(batch([step(1)])).encode()) + after)
+    assert reply.status_code == 400, f"{what}: {reply.text}"
+    assert "after the end of the gzip stream" in reply.json()["detail"]
+    assert nothing_stored(session)
+
+
+def test_one_gzip_member_is_accepted(client, session):
+    reply = post_gzip(client, gzip.compress(json.dumps(batch([step(1)])).encode()))
+    assert reply.status_code == 200, reply.text
