@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -92,3 +94,60 @@ class PipelineGauges(Collector):
 
 PIPELINE = PipelineGauges()
 REGISTRY.register(PIPELINE)
+
+
+class DetectorRuns(Collector):
+    """``vigil_detector_runs_total{detector,outcome}`` (``ok`` or ``failed``), in both ways
+    to run. Embedded: counted in this process, where detection runs. Distributed: detection
+    runs in the workers, so each run is also added to a Redis hash (``KEY``) and a process
+    with ``shared`` set (the API: ``backend.readiness.install``) reports the hash, the
+    deployment's totals since Redis started."""
+
+    KEY = "vigil:detector_runs"
+
+    def __init__(self) -> None:
+        self._local: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        self.shared: Callable[[], Any] | None = None  # -> a Redis client, or None
+
+    def record(self, detector: str, outcome: str, redis: Any = None) -> None:
+        with self._lock:
+            self._local[(detector, outcome)] = self._local.get((detector, outcome), 0) + 1
+        if redis is not None:
+            try:
+                redis.hincrby(self.KEY, f"{detector}|{outcome}", 1)
+            except Exception as exc:  # Redis away: the count is lost, never the run
+                log.debug("detector run not counted in Redis: %s", exc)
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("vigil_detector_runs", "Detector runs by outcome.")
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "vigil_detector_runs", "Detector runs by outcome.", labels=["detector", "outcome"]
+        )
+        redis = self.shared() if self.shared is not None else None
+        if redis is not None:
+            try:
+                raw = redis.hgetall(self.KEY)
+            except Exception as exc:
+                log.debug("detector runs not read from Redis: %s", exc)
+                raw = {}
+            counts = {}
+            for field, value in raw.items():
+                name, _, outcome = _text(field).partition("|")
+                counts[(name, outcome)] = int(value)
+        else:
+            with self._lock:
+                counts = dict(self._local)
+        for (name, outcome), n in sorted(counts.items()):
+            family.add_metric([name, outcome], float(n))
+        yield family
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+DETECTOR_RUNS = DetectorRuns()
+REGISTRY.register(DETECTOR_RUNS)

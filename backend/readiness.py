@@ -35,7 +35,7 @@ from sqlalchemy import text
 
 from backend.celery_app import KEY_PREFIX, runtime
 from backend.detection.schedule import PENDING, EmbeddedScheduler
-from backend.metrics import PIPELINE
+from backend.metrics import DETECTOR_RUNS, PIPELINE
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,7 @@ def install(app: FastAPI) -> None:
         }
 
     PIPELINE.source = gauges
+    DETECTOR_RUNS.shared = lambda: runtime().redis
 
 
 def local_alive(role: str, now: float | None = None) -> bool:

@@ -12,7 +12,9 @@ which detectors run is the registry's business (``detectors.registry``):
 
 Each detector is isolated: one that raises is logged with the job and its name, counted in
 ``vigil_detector_failures_total``, and its incidents are left as they are (neither opened
-nor resolved by omission) while the other detectors' findings apply. Both take a session
+nor resolved by omission) while the other detectors' findings apply. Every run is counted in
+``vigil_detector_runs_total{detector,outcome}`` (in distributed mode via Redis, so the
+API's ``/metrics`` shows what the workers ran). Both take a session
 and leave commit to the caller.
 """
 
@@ -29,7 +31,7 @@ from backend.db import utcnow
 from backend.detection.window import load_collectives, load_liveness, load_serving, load_steps
 from backend.incidents.service import Changes, apply_findings
 from backend.jobs.models import Job, Rank
-from backend.metrics import DETECTOR_FAILURES
+from backend.metrics import DETECTOR_FAILURES, DETECTOR_RUNS
 from detectors import registry
 from detectors.window import Window
 
@@ -64,6 +66,10 @@ def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:
 def run_window(*, session: Session, job_id: int, window: Window) -> Changes:
     """Run every detector the window can feed and apply what they found."""
     result = registry.run(window)
+    failed = {f.detector for f in result.failures}
+    redis = _shared_redis()
+    for name in result.ran:
+        DETECTOR_RUNS.record(name, "failed" if name in failed else "ok", redis)
     for failure in result.failures:
         DETECTOR_FAILURES.labels(failure.detector).inc()
         job = session.scalar(select(Job.name).where(Job.id == job_id))
@@ -77,6 +83,16 @@ def run_window(*, session: Session, job_id: int, window: Window) -> Changes:
     return apply_findings(
         session=session, job_id=job_id, findings=result.findings, covered_kinds=result.covered
     )
+
+
+def _shared_redis() -> object | None:
+    """Distributed mode's Redis, where detector runs are counted for the API's /metrics."""
+    from backend.celery_app import runtime  # the runtime imports this module's callers
+
+    try:
+        return runtime().redis
+    except Exception:  # no runtime configured (a bare library use): count locally only
+        return None
 
 
 def active_jobs(*, session: Session, within_s: float = 3600) -> list[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from backend.db import utcnow
 from backend.goodput.service import job_goodput
 from backend.incidents.models import Incident
-from backend.jobs.models import Job
+from backend.jobs.models import Job, Rank
 from backend.metrics import REGISTRY
 from backend.slos import service as slos
 from backend.telemetry.queries import median_recent_step_s
@@ -190,7 +192,22 @@ def _training_gauges(session: Session) -> Iterator[GaugeMetricFamily]:
                 goodput.add_metric([name], float(account["goodput"]))
     yield step
     yield goodput
+    age = GaugeMetricFamily(
+        "vigil_job_last_heartbeat_age_seconds",
+        "Seconds since the job's latest heartbeat from any rank (jobs seen in the last day).",
+        labels=["job"],
+    )
+    now = time.time()
+    since = utcnow() - timedelta(days=1)
     names = {job_id: name for job_id, name, _ in jobs}
+    for job_id, last in session.execute(
+        select(Rank.job_id, func.max(Rank.last_heartbeat_ts))
+        .where(Rank.last_seen_at >= since)
+        .group_by(Rank.job_id)
+    ):
+        if last is not None and job_id in names:
+            age.add_metric([names[job_id]], max(0.0, now - float(last)))
+    yield age
     open_by = GaugeMetricFamily(
         "vigil_open_incidents",
         "Open incidents by kind and severity.",

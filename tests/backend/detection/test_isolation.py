@@ -86,3 +86,45 @@ def test_without_the_failure_both_resolve(client, session):  # type: ignore[no-u
         "straggler": "resolved",
         "nan": "resolved",
     }
+
+
+def _runs(client, detector: str, outcome: str) -> float:  # type: ignore[no-untyped-def]
+    want = f'vigil_detector_runs_total{{detector="{detector}",outcome="{outcome}"}}'
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(want):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_every_detector_run_is_counted_by_outcome(client, session, monkeypatch):  # type: ignore[no-untyped-def]
+    post_steps(client, slow_rank=2)
+    _break(monkeypatch, "numerics")
+    before = {d: _runs(client, d, o) for d, o in [("numerics", "failed"), ("straggler", "ok")]}
+    detect_job(session=session, job_id=job_id(session))
+    session.commit()
+    assert _runs(client, "numerics", "failed") == before["numerics"] + 1
+    assert _runs(client, "straggler", "ok") == before["straggler"] + 1
+
+
+def test_detector_runs_in_the_workers_reach_the_apis_metrics_through_redis():
+    """Distributed mode: the workers run detection, the API answers /metrics."""
+    import os
+
+    from redis import Redis
+
+    from backend.metrics import DetectorRuns
+
+    url = os.environ.get("VIGIL_TEST_REDIS_URL")
+    if not url:
+        pytest.skip("needs VIGIL_TEST_REDIS_URL (a Redis to use)")
+    redis = Redis.from_url(url)
+    redis.delete(DetectorRuns.KEY)
+    worker, api = DetectorRuns(), DetectorRuns()  # two processes' collectors
+    worker.record("straggler", "ok", redis)
+    worker.record("straggler", "ok", redis)
+    worker.record("hang", "failed", redis)
+    api.shared = lambda: redis
+    [family] = list(api.collect())
+    got = {(s.labels["detector"], s.labels["outcome"]): s.value for s in family.samples}
+    assert got == {("straggler", "ok"): 2.0, ("hang", "failed"): 1.0}
+    redis.delete(DetectorRuns.KEY)

@@ -66,6 +66,11 @@ def test_training_gauges(client):
     assert gauge.value == 0.25
     [goodput] = [s for s in metrics["vigil_training_goodput"] if s.labels["job"] == job]
     assert 0.0 < goodput.value <= 1.0
+    heartbeat = {"type": "heartbeat", "ts": time.time() - 5.0, "step": 10}
+    client.post("/api/v1/ingest", json=batch([heartbeat], job=job), headers=INGEST)
+    ages = scrape(client)["vigil_job_last_heartbeat_age_seconds"]
+    [age] = [s for s in ages if s.labels["job"] == job]
+    assert 4.0 <= age.value < 60.0
 
 
 def test_label_sets_are_bounded(monkeypatch):
