@@ -30,6 +30,7 @@ from backend.db import make_engine, make_sessionmaker
 from backend.detection.schedule import EmbeddedScheduler, make_scheduler
 from backend.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
 from backend.goodput.views import router as goodput_router
+from backend.importers.views import router as imports_router
 from backend.incidents.views import router as incidents_router
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
@@ -135,6 +136,7 @@ def create_app(
 
     app.include_router(ingest_router)
     app.include_router(jobs_router)
+    app.include_router(imports_router)
     app.include_router(actions_router)
     app.include_router(incidents_router)
     app.include_router(alerts_router)

@@ -5,6 +5,7 @@ vigil migrate                     # upgrade the database to the latest schema
 vigil worker / vigil beat         # distributed mode: Celery worker and scheduler
 vigil token create -s read -n ci  # prints a new token once
 vigil jobs                        # jobs known to a running server
+vigil import flight-recorder DIR --job NAME  # Flight Recorder dumps, diagnosed by the server
 vigil demo --fast                 # embedded Vigil + a real faulty job, diagnosed and healed
 vigil replay TRACE --target URL --job NAME   # serving trace replay, reported to Vigil
 """
@@ -394,27 +395,35 @@ else:
     def import_flight_recorder(
         directory: Annotated[Path, typer.Argument(help="Folder with one dump per rank")],
         job: Annotated[str, typer.Option("--job", help="Job to file the incident under")],
+        endpoint: Annotated[str | None, typer.Option(help="Server URL [VIGIL_ENDPOINT]")] = None,
+        token: Annotated[
+            str | None, typer.Option(help="Token with the 'ingest' scope [VIGIL_TOKEN]")
+        ] = None,
+        local: Annotated[
+            bool,
+            typer.Option(
+                "--local",
+                help="Write VIGIL_DATABASE_URL directly instead of a server (SQLite is "
+                "migrated first; other databases need `vigil migrate`)",
+            ),
+        ] = False,
     ) -> None:
-        """Name the ranks a hung job waits for, from PyTorch Flight Recorder dumps."""
-        from backend.db import make_engine, make_sessionmaker, session_scope
-        from backend.importers.flight_recorder import import_dumps
-        from detectors.flight_recorder import FlightRecorderError
+        """Name the ranks a hung job waits for, from PyTorch Flight Recorder dumps; the
+        diagnosis is stored on the server as the job's hang incident."""
+        from backend.importers import command
 
-        settings = _settings()
-        engine = make_engine(settings.database_url)
-        try:
-            with session_scope(make_sessionmaker(engine), write=True) as session:
-                result = import_dumps(session=session, directory=directory, job=job)
-        except FlightRecorderError as exc:
-            err.print(f"[red]{exc}[/red]")
-            raise typer.Exit(2) from None
-        finally:
-            engine.dispose()
-        console.print(result.report, highlight=False, markup=False)
-        if result.incident_id is not None:
-            console.print(f"\nstored as hang incident {result.incident_id} of job {job!r}")
+        if local:
+            settings = _settings()
+            _ensure_schema(settings.database_url, migrate=settings.is_sqlite)
+            code = command.locally(
+                directory=directory, job=job, settings=settings, console=console, err=err
+            )
         else:
-            console.print("\nno rank waits for another: nothing stored")
+            url, bearer = _endpoint_and_token(endpoint, token, scope="ingest")
+            code = command.over_rest(
+                directory=directory, job=job, endpoint=url, token=bearer, console=console, err=err
+            )
+        raise typer.Exit(code)
 
     def main() -> None:
         app()

@@ -10,14 +10,15 @@ size. ``RequestGuard`` therefore, in this order:
   (the route still checks the token's scope; ingest, which reads its body itself after
   its token check, is left to do so);
 - limits every body while it streams in, declared (``Content-Length``) or chunked:
-  ``413`` at the first chunk past ``VIGIL_MAX_REQUEST_BYTES`` (ingest:
-  ``VIGIL_MAX_BODY_BYTES``, its larger limit).
+  ``413`` at the first chunk past ``VIGIL_MAX_REQUEST_BYTES`` (ingest and imports:
+  ``VIGIL_MAX_BODY_BYTES``, the larger limit).
 
     app.add_middleware(RequestGuard, settings=settings)
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -36,9 +37,15 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
+# Flight Recorder dumps (``backend.importers.views``) can be as large as an ingest batch.
+IMPORT_PATH = re.compile(r"^/api/v1/jobs/[^/]+/imports/[^/]+$")
+
+
 def body_limit(settings: Settings, path: str) -> int:
     """The largest body a request to ``path`` may send."""
-    return settings.max_body_bytes if path == INGEST_PATH else settings.max_request_bytes
+    if path == INGEST_PATH or IMPORT_PATH.match(path):
+        return settings.max_body_bytes
+    return settings.max_request_bytes
 
 
 def too_large(limit: int) -> str:

@@ -1,7 +1,13 @@
 """Operator endpoints, and what keeps private answers out of caches.
 
     GET /metrics                       Prometheus text (Vigil itself and the jobs it sees)
-    GET /docs, /redoc, /openapi.json   the API's documentation
+    GET /docs, /openapi.json           the API's documentation (Swagger UI); /redoc: to /docs
+    GET /static/apidocs/{file}         Swagger UI's files, from this server
+
+``/docs`` needs no internet: Swagger UI 5 (it reads OpenAPI 3.1, which FastAPI writes) is served
+from the copy the ``fastapi-offline`` package installs and started by ``/static/api_docs.js``:
+no inline script, as the page sends the dashboard's Content-Security-Policy
+(``script-src 'self'``). ReDoc is not served: its bundle loads its logo from a CDN.
 
 In development they answer anyone. In production they need a token with the ``read`` scope
 (a bearer header, e.g. Prometheus's ``authorization: {credentials: …}``, or the dashboard's
@@ -16,23 +22,30 @@ never kept by a browser or a proxy cache.
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from fastapi.openapi.docs import (
-    get_redoc_html,
-    get_swagger_ui_html,
-    get_swagger_ui_oauth2_redirect_html,
-)
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.telemetry.prometheus import exposition
 from backend.ui.auth import principal
+from backend.ui.errors import templates
+from backend.ui.render import secure_headers
 
 OPENAPI_URL = "/openapi.json"
 OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
+ASSETS_URL = "/static/apidocs"
+ASSETS_DIR = Path(str(files("fastapi_offline") / "static"))
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+    "favicon.png": "image/png",
+}
 
 
 def ops_scope(what: str) -> Callable[[Request], None]:
@@ -75,12 +88,13 @@ def openapi(request: Request) -> JSONResponse:
 
 
 @router.get("/docs", dependencies=DOCS)
-def swagger(request: Request) -> HTMLResponse:
-    return get_swagger_ui_html(
-        openapi_url=OPENAPI_URL,
-        title=f"{request.app.title} - API",
-        oauth2_redirect_url=OAUTH2_REDIRECT_URL,
-    )
+def swagger(request: Request) -> Response:
+    context = {
+        "title": f"{request.app.title} - API",
+        "assets": ASSETS_URL,
+        "config": {"openapi_url": OPENAPI_URL, "oauth2_redirect_url": OAUTH2_REDIRECT_URL},
+    }
+    return secure_headers(templates.TemplateResponse(request, "api_docs.html", context))
 
 
 @router.get(OAUTH2_REDIRECT_URL)
@@ -89,8 +103,17 @@ def swagger_redirect() -> HTMLResponse:
 
 
 @router.get("/redoc", dependencies=DOCS)
-def redoc(request: Request) -> HTMLResponse:
-    return get_redoc_html(openapi_url=OPENAPI_URL, title=f"{request.app.title} - API")
+def redoc() -> RedirectResponse:
+    """ReDoc is not served (its bundle loads its logo from a CDN): the same docs are at /docs."""
+    return RedirectResponse("/docs", status_code=307)
+
+
+@router.get(ASSETS_URL + "/{name}")
+def docs_asset(name: str) -> FileResponse:
+    """One of Swagger UI's files (public, like the rest of ``/static``)."""
+    if name not in ASSETS:
+        raise HTTPException(404, f"no file {name!r} here")
+    return FileResponse(ASSETS_DIR / name, media_type=ASSETS[name])
 
 
 class NoStore:

@@ -34,7 +34,9 @@ from detectors.flight_recorder_format import (
     PGStatus,
     ProcessGroup,
     UnsafeDumpError,
+    decode_dump,
     parse_dump,
+    read_dump,
 )
 
 __all__ = [
@@ -48,8 +50,10 @@ __all__ = [
     "ProcessGroup",
     "UnsafeDumpError",
     "analyze",
+    "decode_dump",
     "diagnose",
     "parse_dump",
+    "read_dump",
     "render",
 ]
 

@@ -44,7 +44,9 @@ __all__ = [
     "PGStatus",
     "ProcessGroup",
     "UnsafeDumpError",
+    "decode_dump",
     "parse_dump",
+    "read_dump",
 ]
 
 
@@ -183,6 +185,8 @@ def _entry(e: Any, where: str) -> Entry:
         raise FlightRecorderError(f"{where}: fields 'profiling_name' and 'state' are required")
     is_p2p = e.get("is_p2p")
     dtypes = e.get("input_dtypes") or ()
+    if not isinstance(dtypes, list | tuple):
+        raise FlightRecorderError(f"{where}: field 'input_dtypes' should be a list")
     return Entry(
         record_id=_int(e, "record_id", where, default=-1),
         pg_name=str(pg[0]),
@@ -230,24 +234,34 @@ def _status_by_name(
     return {n: by_id[i] for n, i in mapping.items() if i in by_id}
 
 
+def decode_dump(data: bytes, *, source: str = "<bytes>") -> Any:
+    """A dump's bytes (pickle or JSON) as plain values, without running anything they hold."""
+    if data.lstrip()[:1] == b"{":
+        try:
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _fail(source, f"truncated or corrupt JSON dump ({exc})") from exc
+    try:
+        return _DataOnlyUnpickler(data, source).load()
+    except FlightRecorderError:
+        raise
+    except Exception as exc:  # a corrupt pickle can fail in many ways
+        raise _fail(source, f"truncated or corrupt dump ({type(exc).__name__}: {exc})") from exc
+
+
 def parse_dump(data: bytes, *, rank: int | None = None, source: str = "<bytes>") -> Dump:
     """Parse one dump (pickle or JSON) without running anything it contains.
 
     The rank is the dump's own ``rank`` field or, failing that, ``rank``; both given and
     different is an error. ``source`` (a file name) starts every error message.
     """
-    if data.lstrip()[:1] == b"{":
-        try:
-            raw: Any = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _fail(source, f"truncated or corrupt JSON dump ({exc})") from exc
-    else:
-        try:
-            raw = _DataOnlyUnpickler(data, source).load()
-        except FlightRecorderError:
-            raise
-        except Exception as exc:  # a corrupt pickle can fail in many ways
-            raise _fail(source, f"truncated or corrupt dump ({type(exc).__name__}: {exc})") from exc
+    return read_dump(decode_dump(data, source=source), rank=rank, source=source)
+
+
+def read_dump(raw: Any, *, rank: int | None = None, source: str = "<dump>") -> Dump:
+    """A decoded dump (plain values: a dict with ``entries``, ``pg_config``, ...) checked and
+    read into a ``Dump``; the rules of :func:`parse_dump`. A JSON copy of a pickled dump reads
+    the same (tuples become lists, integer keys strings)."""
     if not isinstance(raw, Mapping):
         raise _fail(source, f"a dump is a dict, this is a {type(raw).__name__}")
     if not isinstance(raw.get("entries"), list):
@@ -259,6 +273,9 @@ def parse_dump(data: bytes, *, rank: int | None = None, source: str = "<bytes>")
     if rank is None:
         raise _fail(source, "unknown rank: name the file *_<rank> or pass rank=")
 
+    for key in ("pg_config", "pg_status"):
+        if not isinstance(raw.get(key) or {}, Mapping):
+            raise _fail(source, f"{key!r} should be a dict")
     groups: dict[str, ProcessGroup] = {}
     for name, cfg in (raw.get("pg_config") or {}).items():
         where = f"{source}: pg_config[{name!r}]"

@@ -130,11 +130,12 @@ def test_import_flight_recorder_stores_a_hang_naming_ranks_9_and_14(sqlite_url, 
     dumps = Path(__file__).resolve().parents[1] / "data" / "flight_recorder" / "lock_gil_1st"
     env = vigil_env(sqlite_url)
     assert run_vigil(["migrate"], env).returncode == 0
-    result = run_vigil(["import", "flight-recorder", str(dumps), "--job", "megatron-moe"], env)
+    args = ["import", "flight-recorder", str(dumps), "--job", "megatron-moe", "--local"]
+    result = run_vigil(args, env)
     assert result.returncode == 0, result.stderr
     assert "Culprit ranks: 9, 14" in result.stdout
     assert "stored as hang incident" in result.stdout
-    again = run_vigil(["import", "flight-recorder", str(dumps), "--job", "megatron-moe"], env)
+    again = run_vigil(args, env)
     assert again.returncode == 0
     with live_server(sqlite_url) as base:
         found = httpx.get(f"{base}/api/v1/jobs/megatron-moe/incidents", headers=ADMIN).json()
