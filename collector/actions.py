@@ -73,7 +73,9 @@ class ActionRunner:
         self.report(action, "acked", None)
         if kind in RESTART_KINDS:
             code = int(params.get("exit_code", RESTART_EXIT_CODE))
-            self.report(action, "succeeded", {"exit_code": code, "pid": os.getpid()})
+            # No flush of its own: the exit's one bounded flush carries it (two would let
+            # the job run on for twice the exit timeout when the backend is slow).
+            self.report(action, "succeeded", {"exit_code": code, "pid": os.getpid()}, flush=False)
             exit_for_restart(self.client, code)
             return
         handler = self._handler(kind)
@@ -88,8 +90,9 @@ class ActionRunner:
             return
         if not isinstance(result, dict):
             result = {} if result is None else {"value": repr(result)[:1000]}
-        self.report(action, "succeeded", result)
-        if result.get("restart") is True:
+        restart = result.get("restart") is True
+        self.report(action, "succeeded", result, flush=not restart)
+        if restart:
             exit_for_restart(self.client, int(params.get("exit_code", RESTART_EXIT_CODE)))
 
     def _handler(self, kind: str) -> ActionHandler | None:
@@ -101,7 +104,14 @@ class ActionRunner:
             time.sleep(0.2)
         return handler
 
-    def report(self, action: dict[str, Any], state: str, result: dict[str, Any] | None) -> None:
+    def report(
+        self,
+        action: dict[str, Any],
+        state: str,
+        result: dict[str, Any] | None,
+        *,
+        flush: bool = True,
+    ) -> None:
         event: dict[str, Any] = {
             "type": "action",
             "id": action.get("id"),
@@ -111,7 +121,7 @@ class ActionRunner:
         if result is not None:
             event["result"] = result
         self.client.submit(event)
-        if state != "acked":  # the outcome goes out now, not with the next batch
+        if flush and state != "acked":  # the outcome goes out now, not with the next batch
             self.client.worker.flush(self.client.config.exit_timeout_s)
 
 

@@ -20,7 +20,7 @@ from backend.incidents.models import INCIDENT_KINDS, SEVERITIES
 MASK = "***"
 MAX_REPEAT_S = 30 * 86_400
 Name = Annotated[str, Field(min_length=1, max_length=200, examples=["oncall-alertmanager"])]
-Url = Annotated[str, Field(min_length=1, max_length=2000, examples=["http://am:9093/hook"])]
+Url = Annotated[str, Field(min_length=1, max_length=2000, examples=["https://hooks.example.com/x"])]
 
 
 def _url(value: str) -> str:

@@ -99,7 +99,7 @@ def get_receiver_by_name(*, session: Session, name: str) -> WebhookReceiver | No
 def create_receiver(*, session: Session, name: str, url: str, **fields: Any) -> WebhookReceiver:
     """Add a receiver; a ``generic`` one without a secret gets a new ``whsec_`` secret.
 
-    ``create_receiver(session=s, name="oncall", url="http://am:9093/api/v2/…")``
+    ``create_receiver(session=s, name="oncall", url="https://hooks.example.com/vigil")``
     """
     unknown = set(fields) - set(RECEIVER_FIELDS)
     if unknown:

@@ -1,7 +1,7 @@
 """Webhook receivers over REST: configure (admin token), test, and read the delivery log.
 
     curl -X POST $VIGIL/api/v1/webhooks -H "Authorization: Bearer $ADMIN" \\
-         -d '{"name": "oncall", "url": "http://alertmanager:9093/hook", "kinds": ["hang"]}'
+         -d '{"name": "oncall", "url": "https://oncall.example.com/hook", "kinds": ["hang"]}'
     curl -X POST $VIGIL/api/v1/webhooks/1/test -H "Authorization: Bearer $ADMIN"
     curl $VIGIL/api/v1/webhooks/1/deliveries -H "Authorization: Bearer $READ"
 """
