@@ -125,11 +125,12 @@ class Worker:
         thread = self._thread
         if thread is None or not thread.is_alive() or os.getpid() != self._pid:
             return
+        deadline = time.monotonic() + timeout  # one budget for the flush and the stop
         self.flush(timeout)
         self._stopping.set()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_STOP)
-        thread.join(timeout=max(0.1, timeout))
+        thread.join(timeout=max(0.1, deadline - time.monotonic()))
 
     def _atexit(self) -> None:
         try:

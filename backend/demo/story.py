@@ -68,7 +68,9 @@ class Scenario:
 
 
 FAST = Scenario(
-    steps=150,
+    # Room after each fault: a rank exiting for a restart may take its exit timeout
+    # (VIGIL_EXIT_TIMEOUT_S, 2 s) to flush, and this tiny job makes ~20 steps a second.
+    steps=260,
     ranks=4,
     ckpt_every=10,
     model=("--dim", "32", "--layers", "1", "--seq", "32", "--batch", "4"),
