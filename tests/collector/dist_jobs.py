@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -78,6 +79,13 @@ def _entry(rank: int, port: int, name: str, out_dir: str, kwargs: dict[str, Any]
     except BaseException:
         out = {"error": traceback.format_exc()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    if name in BEFORE_INIT and "error" not in out:
+        # A DDP with a built-in C++ comm hook sometimes aborts torch's own teardown at
+        # interpreter exit ("terminate called without an active exception", SIGABRT) after
+        # the group was destroyed and the results written: not the collector's doing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def make_client(rank: int = 0, **config: Any) -> tuple[Any, list[dict[str, Any]]]:
