@@ -43,6 +43,7 @@ from backend.readiness import install as install_readiness
 from backend.recovery.views import router as recovery_router
 from backend.settings import Settings, get_settings
 from backend.slos.views import router as slos_router
+from backend.swap.views import router as swap_router
 from backend.telemetry.serving_views import router as serving_router
 from backend.telemetry.views import router as telemetry_router
 from backend.ticker import Ticker
@@ -143,6 +144,7 @@ def create_app(
     app.include_router(goodput_router)
     app.include_router(recovery_router)
     app.include_router(slos_router)
+    app.include_router(swap_router)
     app.include_router(audit_router)
     app.include_router(tokens_router)
     app.include_router(telemetry_router)

@@ -6,6 +6,7 @@ vigil worker / vigil beat         # distributed mode: Celery worker and schedule
 vigil token create -s read -n ci  # prints a new token once
 vigil jobs                        # jobs known to a running server
 vigil import flight-recorder DIR --job NAME  # Flight Recorder dumps, diagnosed by the server
+vigil import kineto FILE --job NAME          # PyTorch profiler traces, stored as telemetry
 vigil demo --fast                 # embedded Vigil + a real faulty job, diagnosed and healed
 vigil replay TRACE --target URL --job NAME   # serving trace replay, reported to Vigil
 """
@@ -267,11 +268,13 @@ else:
         if reply.status_code != 200:
             err.print(f"[red]{url} answered {reply.status_code}: {reply.text}[/red]")
             raise typer.Exit(1)
-        table = Table("job", "kind", "world", "reporting", "last step", "last seen")
+        table = Table("job", "kind", "run", "world", "reporting", "last step", "last seen")
         for j in reply.json():
+            run = j.get("run")
             table.add_row(
                 j["name"],
                 j["kind"],
+                f"#{run['number']} {run['state']}" if run else "—",
                 str(j["world_size"]),
                 str(j["ranks_reporting"]),
                 "—" if j["last_step"] is None else str(j["last_step"]),
@@ -291,6 +294,13 @@ else:
             bool,
             typer.Option(help="A serving fleet with a slow replica instead (about 5 minutes)"),
         ] = False,
+        swap: Annotated[
+            bool,
+            typer.Option(
+                help="Only the job whose op sequence drifts, and the activation-swap policy "
+                "Vigil pushes for it (about a minute)"
+            ),
+        ] = False,
         port: Annotated[int, typer.Option(help="Port for the demo server")] = 8000,
         database: Annotated[
             str, typer.Option(help="Database for the demo")
@@ -305,7 +315,12 @@ else:
             from backend.demo.serving_story import run_serving_story
 
             raise typer.Exit(run_serving_story(console=console, port=port, database_url=database))
-        play = run_replay if replay else run_story
+        if swap:
+            from backend.demo.swap_story import run_swap_story
+
+            play = run_swap_story
+        else:
+            play = run_replay if replay else run_story
         raise typer.Exit(play(console=console, port=port, database_url=database, fast=fast))
 
     @app.command(context_settings={"allow_interspersed_args": False})
@@ -422,6 +437,47 @@ else:
             url, bearer = _endpoint_and_token(endpoint, token, scope="ingest")
             code = command.over_rest(
                 directory=directory, job=job, endpoint=url, token=bearer, console=console, err=err
+            )
+        raise typer.Exit(code)
+
+    @import_app.command("kineto")
+    def import_kineto(
+        paths: Annotated[
+            list[Path], typer.Argument(help="Trace files (.json, .json.gz) or folders of them")
+        ],
+        job: Annotated[str, typer.Option("--job", help="Job to store the iterations under")],
+        rank: Annotated[
+            int | None,
+            typer.Option(help="The rank of a single file (default: its distributedInfo)"),
+        ] = None,
+        endpoint: Annotated[str | None, typer.Option(help="Server URL [VIGIL_ENDPOINT]")] = None,
+        token: Annotated[
+            str | None, typer.Option(help="Token with the 'ingest' scope [VIGIL_TOKEN]")
+        ] = None,
+        local: Annotated[
+            bool, typer.Option("--local", help="Write VIGIL_DATABASE_URL instead of a server")
+        ] = False,
+    ) -> None:
+        """Store PyTorch profiler (Kineto) traces as a job's steps, collectives and op
+        sequences, with each iteration's GPU breakdown; one file per rank."""
+        from backend.importers import kineto_command as command
+
+        if local:
+            settings = _settings()
+            _ensure_schema(settings.database_url, migrate=settings.is_sqlite)
+            code = command.locally(
+                paths=paths, job=job, rank=rank, settings=settings, console=console, err=err
+            )
+        else:
+            url, bearer = _endpoint_and_token(endpoint, token, scope="ingest")
+            code = command.over_rest(
+                paths=paths,
+                job=job,
+                rank=rank,
+                endpoint=url,
+                token=bearer,
+                console=console,
+                err=err,
             )
         raise typer.Exit(code)
 

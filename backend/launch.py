@@ -1,9 +1,11 @@
 """``vigil run -- <command>``: launch any command with the collector configured.
 
-The child gets ``VIGIL_ENDPOINT``, ``VIGIL_TOKEN``, ``VIGIL_JOB`` (and ``VIGIL_CHAOS`` when
-asked), and ``collector/_autoinit`` on ``PYTHONPATH``, whose ``sitecustomize`` calls
-``collector.init()`` in each rank, so an unmodified training script reports too (steps come
-from the optimizer hook). Signals reach the child; its exit code is returned.
+The child gets ``VIGIL_ENDPOINT``, ``VIGIL_TOKEN``, ``VIGIL_JOB``, ``VIGIL_RUN_ID`` (this
+launch's id, made here unless already set: running the same job again is a new run of it,
+``backend.jobs.runs``), ``VIGIL_CHAOS`` when asked, and ``collector/_autoinit`` on
+``PYTHONPATH``, whose ``sitecustomize`` calls ``collector.init()`` in each rank, so an
+unmodified training script reports too (steps come from the optimizer hook). Signals reach
+the child; its exit code is returned.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from contextlib import suppress
 from pathlib import Path
 
@@ -36,6 +39,7 @@ def child_env(
     if token:
         env["VIGIL_TOKEN"] = token
     env["VIGIL_JOB"] = job or env.get("VIGIL_JOB") or default_job_name(command)
+    env["VIGIL_RUN_ID"] = env.get("VIGIL_RUN_ID") or new_run_id()
     if chaos:
         env["VIGIL_CHAOS"] = chaos
     launcher = any(LAUNCHERS.search(part) for part in command[:3])
@@ -45,6 +49,11 @@ def child_env(
     roots = [str(AUTOINIT_DIR), str(AUTOINIT_DIR.parent.parent)]
     env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def new_run_id() -> str:
+    """A launch's id: when it started, and a random part (launches may start together)."""
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
 def default_job_name(command: list[str]) -> str:
@@ -59,7 +68,10 @@ def launch(
     if not command:
         raise SystemExit("vigil run: give the command after --, e.g. vigil run -- torchrun …")
     env = child_env(command, endpoint=endpoint, token=token, job=job, chaos=chaos)
-    print(f"vigil: job {env['VIGIL_JOB']!r} reporting to {endpoint}", flush=True)
+    print(
+        f"vigil: job {env['VIGIL_JOB']!r} (run {env['VIGIL_RUN_ID']}) reporting to {endpoint}",
+        flush=True,
+    )
     try:
         proc = subprocess.Popen(command, env=env)
     except FileNotFoundError:

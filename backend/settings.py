@@ -143,6 +143,13 @@ class Settings(BaseSettings):
     max_restarts_per_hour: int = Field(
         3, ge=0, description="Default cap on restarts and evictions per job per hour."
     )
+    swap_bandwidth_bytes_per_s: float = Field(
+        12e9,
+        gt=0,
+        allow_inf_nan=False,
+        description="Host↔device copy bandwidth the activation-swap policy generator assumes "
+        "(bytes/s); 12e9 is PCIe 4.0 x16-class pinned copies.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("database_url")

@@ -134,7 +134,8 @@ class JobConfig:
     jitter: float = 0.02  # lognormal sigma of each rank's compute per step
     common_jitter: float = 0.02  # lognormal sigma of a factor shared by all ranks per step
     hetero_frac: float = 0.1  # fraction of ranks on slower hardware ...
-    hetero_max: float = 0.08  # ... up to this much slower for the whole run
+    hetero_min: float = 0.01  # ... at least this much slower ...
+    hetero_max: float = 0.08  # ... and up to this much, for the whole run
     gc_prob: float = 0.003  # per rank and step: a one-step pause ...
     gc_max: float = 0.5  # ... of up to this fraction of the step
 
@@ -323,7 +324,7 @@ def simulate(config: JobConfig, faults: Sequence[Fault] = ()) -> Run:
     # --- compute and data loading, per rank and step ----------------------------------------
     hetero = np.ones(r_n)
     slow_hw = rng.random(r_n) < cfg.hetero_frac
-    hetero[slow_hw] += rng.uniform(0.01, cfg.hetero_max, int(slow_hw.sum()))
+    hetero[slow_hw] += rng.uniform(cfg.hetero_min, cfg.hetero_max, int(slow_hw.sum()))
     common = np.exp(cfg.common_jitter * rng.standard_normal(s_n))
     compute = cfg.step_s * hetero[:, None] * common[None, :]
     compute = compute * np.exp(cfg.jitter * rng.standard_normal((r_n, s_n)))

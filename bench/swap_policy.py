@@ -4,6 +4,7 @@ From the repository root::
 
     .venv/bin/python bench/swap_policy.py                  # the table in bench/README.md
     .venv/bin/python bench/swap_policy.py --budget 0.5 --bandwidth 1.2e10 --bandwidth 2e8
+    .venv/bin/python bench/swap_policy.py --part executor  # only 4. (and 5. on a GPU)
 
 1. **Profiles.** Real steps captured with ``collector.integrations.profile.capture_profile``
    (after a warm-up step and a warm-up capture): the tests' tiny GPT
@@ -17,9 +18,15 @@ From the repository root::
 3. **Generator time** on the profiles and on synthetic 10,000-op sequences
    (``tests/detectors/swap_profiles.random_profile``), budgets 90/60/30 %, median of
    ``--repeat`` runs (no warm-up cache: each call starts from the dict).
-4. **Executor cost** on CPU: the tiny GPT's step (seq 128) bare, with a policy that
-   offloads nothing (hooks only) and with one that offloads everything (real copies),
-   median of ``--steps`` steps, and the measured peak against the simulator's.
+4. **Executor cost** on CPU: the tiny GPT's step (seq 128) bare, accounted without a
+   policy (what ``VIGIL_SWAP=1`` costs every step on CPU: ``collector.integrations.swap_loop``),
+   with a policy that offloads nothing (hooks only) and with one that offloads everything
+   (real copies), median of ``--steps`` steps, and the measured peak against the simulator's.
+5. **On CUDA**, when there is a device: the same step on the GPU (seq 512, batch 16) bare,
+   under a policy for half the activations and under offload-everything (pinned host
+   buffers, a side stream: ``collector/integrations/swap_cuda.py``): median step time and the
+   allocator's real peak (``torch.cuda.max_memory_allocated``), with the policy's predicted
+   peak. Without a device it says so and skips.
 """
 
 from __future__ import annotations
@@ -47,10 +54,10 @@ from tests.collector.tiny_models import TinyGPT, batch
 from tests.detectors.swap_profiles import random_profile
 
 
-def gpt_step(seq: int) -> tuple[nn.Module, Callable[[], None]]:
+def gpt_step(seq: int, device: str = "cpu", size: int = 8) -> tuple[nn.Module, Callable[[], None]]:
     torch.manual_seed(0)
-    model = TinyGPT(dim=64, layers=4)
-    tokens = batch(seq, size=8)
+    model = TinyGPT(dim=64, layers=4).to(device)
+    tokens = batch(seq, size=size).to(device)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -140,28 +147,82 @@ def executor_cost(steps: int) -> None:
     print("|---|---|---|---|---|")
     modes = {
         "bare": None,
+        "accounted, no policy (VIGIL_SWAP=1)": None,
         "policy, nothing offloaded": nothing,
         "policy, everything offloaded": everything,
     }
-    executors = {label: SwapExecutor() for label in modes}
+    executors = {label: SwapExecutor(account="accounted" in label) for label in modes}
+    base = prof["param_bytes"] + prof["grad_bytes"] + prof["optimizer_bytes"]
     for label, pol in modes.items():
         executors[label].set_policy(pol)
-    times: dict[str, list[float]] = {label: [] for label in modes}
-    for _ in range(steps):  # interleaved, so that a busy machine slows every mode alike
-        for label, ex in executors.items():
-            t0 = time.perf_counter()
-            with ex.step():
-                step()
-            times[label].append(time.perf_counter() - t0)
+        executors[label].base_bytes = base
+    times = interleaved(executors, step, steps)
     bare = statistics.median(times["bare"])
     for label, pol in modes.items():
         med = statistics.median(times[label])
         last = executors[label].last
-        peak = last["peak_bytes"] if last and pol is not None else None
+        peak = last["peak_bytes"] if last and last["peak_bytes"] is not None else None
         pred = simulate(prof, pol, bandwidth_bytes_per_s=math.inf).peak_bytes
         print(
             f"| {label} | {med * 1e3:.2f} ms | {100 * (med / bare - 1):+.1f}% | "
             f"{fmt_bytes(peak) if peak is not None else '—'} | {fmt_bytes(pred)} |"
+        )
+
+
+def interleaved(
+    executors: dict[str, SwapExecutor], step: Callable[[], None], steps: int, sync: bool = False
+) -> dict[str, list[float]]:
+    """Step times per executor, interleaved so that a busy machine slows every mode alike."""
+    times: dict[str, list[float]] = {label: [] for label in executors}
+    for _ in range(steps):
+        for label, ex in executors.items():
+            t0 = time.perf_counter()
+            with ex.step():
+                step()
+            if sync:
+                torch.cuda.synchronize()
+            times[label].append(time.perf_counter() - t0)
+    return times
+
+
+def cuda_cost(steps: int) -> None:
+    """5.: real peak memory and step time on the GPU, bare and under two policies."""
+    if not torch.cuda.is_available():
+        print("\nCUDA: no device on this machine; the GPU rows are skipped")
+        return
+    model, step = gpt_step(512, device="cuda", size=16)
+    prof = capture(model, step)
+    base = prof["param_bytes"] + prof["grad_bytes"] + prof["optimizer_bytes"]
+    none = simulate(prof, None, bandwidth_bytes_per_s=1.2e10).peak_bytes
+    policies = {
+        "bare": None,
+        "policy, half the activations": generate(
+            prof, budget_bytes=int(base + 0.5 * (none - base)), bandwidth_bytes_per_s=1.2e10
+        ),
+        "policy, everything offloaded": offload_everything(prof, bandwidth_bytes_per_s=1.2e10),
+    }
+    print(f"\nCUDA ({torch.cuda.get_device_name()}), tiny GPT seq 512 batch 16")
+    print("| mode | median step | vs bare | allocator peak | predicted peak (model) |")
+    print("|---|---|---|---|---|")
+    executors = {label: SwapExecutor() for label in policies}
+    for label, pol in policies.items():
+        executors[label].set_policy(pol)
+    peaks: dict[str, int] = {}
+    for label, ex in executors.items():  # one step each on its own, for its peak
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with ex.step():
+            step()
+        torch.cuda.synchronize()
+        peaks[label] = int(torch.cuda.max_memory_allocated())
+    times = interleaved(executors, step, steps, sync=True)
+    bare = statistics.median(times["bare"])
+    for label, pol in policies.items():
+        med = statistics.median(times[label])
+        pred = simulate(prof, pol, bandwidth_bytes_per_s=1.2e10).peak_bytes
+        print(
+            f"| {label} | {med * 1e3:.2f} ms | {100 * (med / bare - 1):+.1f}% | "
+            f"{fmt_bytes(peaks[label])} | {fmt_bytes(pred)} |"
         )
 
 
@@ -171,6 +232,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, action="append", help="bytes/s (repeatable)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--part", choices=("all", "executor"), default="all")
     args = ap.parse_args()
     budgets = args.budget or [0.5, 0.2]
     bws = args.bandwidth or [1.2e10, 2e8]
@@ -180,6 +242,10 @@ def main() -> None:
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
+    if args.part == "executor":
+        executor_cost(args.steps)
+        cuda_cost(args.steps)
+        return
     profiles = {
         "gpt seq 32": capture(*gpt_step(32)),
         "gpt seq 128": capture(*gpt_step(128)),
@@ -200,6 +266,7 @@ def main() -> None:
             t, ok = gen_time(prof, frac, 1.2e10, args.repeat)
             print(f"| {name} | {len(prof['ops']):,} | {frac:.0%} | {t * 1e3:.1f} ms | {ok} |")
     executor_cost(args.steps)
+    cuda_cost(args.steps)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ __version__ = "0.1.0"
 
 log_ = logging.getLogger("vigil.collector")
 _client: Client | None = None
+_client_key: tuple[Client, Config, bool] | None = None  # a client and its settings
 _init_lock = threading.Lock()
 _NOOP = contextlib.nullcontext()
 P = ParamSpec("P")
@@ -86,12 +87,17 @@ def init(
 ) -> bool:
     """Start collecting. Returns False (and stays a no-op) without an endpoint.
 
-    ``options`` override any ``Config`` field (``heartbeat_s``, ``opseq_every``, …).
-    Calling it again replaces the previous client.
+    ``options`` override any ``Config`` field (``heartbeat_s``, ``opseq_every``, …);
+    ``swap=True`` applies the activation-swap policies Vigil sends
+    (``collector.integrations.swap_loop``). Calling it again with other settings replaces
+    the previous client; with the same ones it keeps it (a script that calls ``init()``
+    under ``vigil run``, which initialised it already, must not look like a rank that left).
     """
-    global _client
+    global _client, _client_key
     config = Config.resolve(job=job, endpoint=endpoint, token=token, kind=kind, **options)
     with _init_lock:
+        if _client is not None and _client_key == (_client, config, integrations):
+            return True
         if _client is not None:
             _client.shutdown(0.5)
             _client = None
@@ -104,9 +110,20 @@ def init(
             from collector.integrations import setup_integrations
 
             setup_integrations(client)
-        _client = client
+        if config.swap:  # after the op-sequence listener: it decides first (swap_loop.py)
+            _setup_swap(client)
+        _client, _client_key = client, (client, config, integrations)
     log_.info("vigil: rank %d of job %r reporting to %s", config.rank, config.job, config.endpoint)
     return True
+
+
+def _setup_swap(client: Client) -> None:
+    try:
+        from collector.integrations import swap_loop
+
+        swap_loop.setup_once(client)
+    except Exception:  # torch missing or broken: the job runs on without swapping
+        log_.warning("vigil: activation swapping could not start", exc_info=True)
 
 
 def get_client() -> Client | None:

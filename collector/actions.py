@@ -146,7 +146,7 @@ def exit_for_restart(client: Client, code: int = RESTART_EXIT_CODE) -> None:
     """Flush what is buffered (bounded), then exit so the launcher restarts the group."""
     log.warning("vigil: exiting with code %d for a restart requested by Vigil", code)
     try:
-        client.shutdown(client.config.exit_timeout_s)
+        client.shutdown(client.config.exit_timeout_s, exit_code=code)
     finally:
         sys.stderr.flush()
         time.sleep(0.05)

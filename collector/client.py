@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,12 @@ class Collective:
     started: float  # perf_counter
     step: int | None
     members: list[int] | None = None
+    # Point-to-point ops: the global ranks on the other side whose transfer has not
+    # finished (``()``: a receive from any source); None for a collective.
+    peers: tuple[int, ...] | None = None
+    # Async work that completes only when waited on (gloo p2p) while no thread waits on it:
+    # the rank is not blocked in it, so the heartbeat does not report it.
+    parked: bool = False
 
 
 class StepListener:
@@ -82,6 +89,7 @@ class Client:
         self._said_goodbye = False
         self._step_thread: int | None = None
         self._rss = rss_bytes()  # refreshed by every heartbeat tick
+        self._cuda_capacity: int | None = None  # read once, on the training thread
         self._agg: dict[tuple[str, str, int | None], list[Any]] = {}
         self._inflight: dict[int, Collective] = {}
         self._seq: dict[str, int] = {}
@@ -94,6 +102,7 @@ class Client:
         # Registered after the worker's own hook, so it runs first (atexit is LIFO) and
         # the last step record is queued before the worker's final flush.
         atexit.register(self._atexit)
+        self._send_plan()
 
     # -- steps -------------------------------------------------------------------------
 
@@ -170,6 +179,8 @@ class Client:
         # the training thread never opens /proc on its step path.
         peak = cuda_peak_bytes()
         cur.mem_bytes = peak if peak is not None else self._rss
+        if peak is not None and self._cuda_capacity is None:
+            self._cuda_capacity = cuda_capacity_bytes()
         self._pending, self._current = cur, None
         self._flush_collectives_locked(cur.step)
 
@@ -233,6 +244,14 @@ class Client:
         else:
             self._data_carry += seconds
 
+    def set_step_fields(self, **fields: Any) -> None:
+        """Fields for the step being timed, sent with its record; they take precedence over
+        what the client measured (the swap executor's ``mem_bytes``; None: unknown).
+        Called by step listeners, on the training thread, before the step ends."""
+        cur = self._current
+        if cur is not None:
+            cur.fields.update(fields)
+
     def set_opseq(self, fingerprint: str) -> None:
         cur = self._current
         if cur is not None:
@@ -245,20 +264,45 @@ class Client:
             ev["step"] = step
         self.worker.submit(ev)
 
+    def _send_plan(self) -> None:
+        """The run's planned length, once (``Config.total_steps``; ignored unless > 0)."""
+        total = self.config.total_steps
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            plan: Event = {"type": "event", "name": "run_plan", "ts": time.time()}
+            plan["attrs"] = {"total_steps": total}
+            self.worker.submit(plan)
+
     def submit(self, event: Event) -> None:
         self.worker.submit(event)
 
     # -- collectives -------------------------------------------------------------------
 
     def collective_begin(
-        self, group: str, op: str, nbytes: int, members: list[int] | None = None
+        self,
+        group: str,
+        op: str,
+        nbytes: int,
+        members: list[int] | None = None,
+        peers: tuple[int, ...] | None = None,
     ) -> Collective:
+        """Record a call entering ``group``. Collectives number the group's sequence; a
+        point-to-point op (``peers`` given) does not advance it and carries the number of
+        collectives before it (as Flight Recorder does), so ranks that exchanged different
+        numbers of messages on a group agree on the seq of its next collective."""
         with self._lock:
-            seq = self._seq.get(group, 0) + 1
+            seq = self._seq.get(group, 0) + (1 if peers is None else 0)
             self._seq[group] = seq
             self._members.setdefault(group, members)
             call = Collective(
-                group, op, seq, nbytes, time.time(), time.perf_counter(), self.current_step, members
+                group,
+                op,
+                seq,
+                nbytes,
+                time.time(),
+                time.perf_counter(),
+                self.current_step,
+                members,
+                peers,
             )
             self._inflight[id(call)] = call
         return call
@@ -305,11 +349,10 @@ class Client:
             self.worker.submit(event)
 
     def inflight(self) -> Collective | None:
-        """The oldest collective this rank is inside right now."""
+        """The oldest collective this rank is inside right now (parked work left out)."""
         with self._lock:
-            if not self._inflight:
-                return None
-            return min(self._inflight.values(), key=lambda c: c.started)
+            calls = [c for c in self._inflight.values() if not c.parked]
+        return min(calls, key=lambda c: c.started) if calls else None
 
     # -- heartbeat (worker thread) -----------------------------------------------------
 
@@ -328,15 +371,22 @@ class Client:
             beat["step"] = step
         call = self.inflight()
         if call is not None:
-            beat["inflight"] = {
+            inflight: dict[str, Any] = {
                 "group": call.group,
                 "op": call.op,
                 "seq": call.seq,
                 "since": call.since,
             }
+            if call.peers is not None:
+                inflight["peers"] = sorted(set(call.peers))
+            beat["inflight"] = inflight
         dropped = self.worker.drops()
         if dropped:
             beat["dropped"] = dropped
+        capacity = self.config.memory_budget_bytes or self._cuda_capacity
+        if capacity is not None:
+            beat["mem_capacity"] = capacity
+        beat["swap"] = self.config.swap
         return [beat]
 
     # -- actions -----------------------------------------------------------------------
@@ -363,7 +413,10 @@ class Client:
         except Exception:
             log.debug("vigil: error while flushing at exit", exc_info=True)
 
-    def shutdown(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None, *, exit_code: int | None = None) -> None:
+        """Send what is left and say goodbye (``exiting``), with the process's exit code
+        when it is known: ``exit_code``, or 1 after an uncaught exception (the server
+        tells a finished run from a failed one by it: ``backend.jobs.runs``)."""
         unfinished = self.current_step
         # Listeners (the op-sequence capture) undo thread-local state: only on the thread
         # that runs the steps, not on an action thread that exits for a restart.
@@ -383,9 +436,18 @@ class Client:
         if not self._said_goodbye:
             goodbye = self._tick()[0]
             self._said_goodbye = True
-            goodbye["exiting"] = True  # a clean exit, not a crash
+            goodbye["exiting"] = True  # an exit the collector saw, not a crash
+            code = exit_code if exit_code is not None else _uncaught_exit_code()
+            if code is not None:
+                goodbye["exit_code"] = code
             self.worker.submit(goodbye)
         self.worker.shutdown(timeout)
+
+
+def _uncaught_exit_code() -> int | None:
+    """1 when the interpreter is exiting on an uncaught exception (it sets
+    ``sys.last_value`` before the exit handlers run), else None (not known)."""
+    return 1 if getattr(sys, "last_value", None) is not None else None
 
 
 def to_float(value: Any) -> float | None:
@@ -414,6 +476,15 @@ def cuda_peak_bytes() -> int | None:
         except Exception:
             pass
     return None
+
+
+def cuda_capacity_bytes() -> int | None:
+    """Total memory of the current CUDA device (the calling thread's), or None."""
+    torch = _torch_if_loaded()
+    try:
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    except Exception:
+        return None
 
 
 def rss_bytes() -> int | None:

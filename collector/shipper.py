@@ -254,7 +254,7 @@ class Shipper:
 
     def _envelope(self, batch_id: str, events: list[Event]) -> dict[str, Any]:
         c = self.config
-        return {
+        body = {
             "batch_id": batch_id,
             "job": c.job,
             "kind": c.kind,
@@ -264,6 +264,9 @@ class Shipper:
             "attempt": c.attempt,
             "events": events,
         }
+        if c.run:
+            body["run"] = c.run  # this launch: a new one is a new run of the job
+        return body
 
     def _dispatch(self, outcome: Outcome) -> None:
         if outcome.actions:

@@ -22,7 +22,7 @@ per rank, named ``*_<rank>``), which hands each file's bytes to ``parse_dump``.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from detectors.finding import Finding
@@ -40,6 +40,7 @@ from detectors.flight_recorder_format import (
 )
 
 __all__ = [
+    "DIVERGENCE_HEAD",
     "Diagnosis",
     "Divergence",
     "Dump",
@@ -52,6 +53,8 @@ __all__ = [
     "analyze",
     "decode_dump",
     "diagnose",
+    "divergence_rows",
+    "p2p_rows",
     "parse_dump",
     "read_dump",
     "render",
@@ -71,8 +74,9 @@ def analyze(dumps: Iterable[Dump]) -> list[Finding]:
         top = dg.divergences[0]
         ev.update(top.as_dict())
         key = f"hang:fr:pg={top.pg_name}:seq={top.seq}"
+        size = _size_text(top.input_sizes)
         what = (
-            f"{top.op} seq {top.seq} ({_size_text(top)} {'/'.join(top.input_dtypes)}) on pg "
+            f"{top.op} seq {top.seq} ({size} {'/'.join(top.input_dtypes)}) on pg "
             f"{top.pg_name} {top.pg_desc}, where {len(top.waiting)} ranks wait"
         )
         verb = "never entered"
@@ -91,10 +95,7 @@ def analyze(dumps: Iterable[Dump]) -> list[Finding]:
             "culprit_reasons": {str(r): t for r, t in dg.reasons.items()},
             "process_groups": [dv.as_dict() for dv in dg.divergences[:_MAX_EVIDENCE]],
             "process_groups_total": len(dg.divergences),
-            "p2p_waits": [
-                {"rank": w.rank, "peer": w.peer, "op": w.kind, "pg": w.pg_name, "count": w.count}
-                for w in dg.p2p_waits[:_MAX_EVIDENCE]
-            ],
+            "p2p_waits": [_p2p_dict(w) for w in dg.p2p_waits[:_MAX_EVIDENCE]],
             "p2p_waits_total": len(dg.p2p_waits),
             "held_up_ranks": list(dg.held_up),
             "ranks_with_dumps": len(dg.ranks),
@@ -120,8 +121,47 @@ def analyze(dumps: Iterable[Dump]) -> list[Finding]:
 # Text
 
 
-def _size_text(dv: Divergence) -> str:
-    return ", ".join("x".join(map(str, s)) for s in dv.input_sizes) or "-"
+def _size_text(sizes: Iterable[Iterable[int]]) -> str:
+    return ", ".join("x".join(map(str, s)) for s in sizes) or "-"
+
+
+DIVERGENCE_HEAD = ("PG", "Process Group Desc", "Op", "Seq", "Size", "Dtype", "Waiting", "Missing")
+
+
+def divergence_rows(groups: Iterable[Mapping[str, Any]]) -> list[tuple[str, ...]]:
+    """The rows of the process-group table (``DIVERGENCE_HEAD``), one per diverging group,
+    from ``Divergence.as_dict()`` values: a ``hang`` finding's evidence ``process_groups``
+    holds them, so the CLI's report and the incident page show the same table. The first
+    group, the collective the job waits in, is starred."""
+    rows: list[tuple[str, ...]] = []
+    for i, g in enumerate(groups):
+        rows.append(
+            (
+                str(g.get("pg", "?")) + ("*" if i == 0 else ""),
+                str(g.get("pg_desc", "")),
+                str(g.get("op", "")),
+                str(g.get("seq", "")),
+                _size_text(g.get("input_sizes") or []),
+                ",".join(map(str, g.get("input_dtypes") or [])) or "-",
+                _span(g.get("waiting_ranks") or []),
+                _span(g.get("missing_ranks") or []),
+            )
+        )
+    return rows
+
+
+def _p2p_dict(w: P2PWait) -> dict[str, Any]:
+    return {"rank": w.rank, "peer": w.peer, "op": w.kind, "pg": w.pg_name, "count": w.count}
+
+
+def p2p_rows(waits: Iterable[Mapping[str, Any]]) -> list[tuple[int, int, str]]:
+    """Unmatched point-to-point ops as ``(rank, peer it waits for, "2 send on pg 3, …")``,
+    one row per pair, from ``{"rank", "peer", "op", "pg", "count"}`` values (a finding's
+    evidence ``p2p_waits``)."""
+    pairs: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for w in waits:
+        pairs[(int(w["rank"]), int(w["peer"]))].append(f"{w['count']} {w['op']} on pg {w['pg']}")
+    return [(r, peer, ", ".join(ops)) for (r, peer), ops in pairs.items()]
 
 
 def _span(ranks: Iterable[int]) -> str:
@@ -157,35 +197,20 @@ def render(dg: Diagnosis) -> str:
     if dg.no_dump:
         lines.append(f"No dump from: {_span(dg.no_dump)}")
     if dg.divergences:
-        head = ("PG", "Process Group Desc", "Op", "Seq", "Size", "Dtype", "Waiting", "Missing")
-        rows = [
-            (
-                dv.pg_name + ("*" if i == 0 else ""),
-                dv.pg_desc,
-                dv.op,
-                str(dv.seq),
-                _size_text(dv),
-                ",".join(dv.input_dtypes) or "-",
-                _span(dv.waiting),
-                _span(dv.missing),
-            )
-            for i, dv in enumerate(dg.divergences[:_MAX_LINES])
-        ]
-        widths = [max(len(c) for c in col) for col in zip(head, *rows, strict=True)]
+        rows = divergence_rows(dv.as_dict() for dv in dg.divergences[:_MAX_LINES])
+        widths = [max(len(c) for c in col) for col in zip(DIVERGENCE_HEAD, *rows, strict=True)]
         lines.append("")
-        for row in (head, *rows):
+        for row in (DIVERGENCE_HEAD, *rows):
             lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if len(dg.divergences) > _MAX_LINES:
             lines.append(f"... and {len(dg.divergences) - _MAX_LINES} more process groups")
         lines.append("* the collective the job waits in: most ranks are blocked in it first")
     if dg.p2p_waits:
-        pairs: dict[tuple[int, int], list[str]] = defaultdict(list)
-        for w in dg.p2p_waits:
-            pairs[(w.rank, w.peer)].append(f"{w.count} {w.kind} on pg {w.pg_name}")
+        pairs = p2p_rows(_p2p_dict(w) for w in dg.p2p_waits)
         lines.append("")
         lines.append("Unmatched point-to-point ops (rank -> peer it waits for):")
-        for (r, peer), ops in list(pairs.items())[:_MAX_LINES]:
-            lines.append(f"  {r} -> {peer}: {', '.join(ops)}")
+        for r, peer, ops in pairs[:_MAX_LINES]:
+            lines.append(f"  {r} -> {peer}: {ops}")
         if len(pairs) > _MAX_LINES:
             lines.append(f"  ... and {len(pairs) - _MAX_LINES} more pairs")
     return "\n".join(lines)

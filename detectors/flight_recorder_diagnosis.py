@@ -2,9 +2,14 @@
 
 For every process group, the *stuck* collective is the lowest sequence number any member has
 enqueued but not completed; the members that never entered it (no entry with that seq or
-later, or no dump at all) are its *missing* ranks and the members in it are *waiting*.
+later, or no dump at all) are its *missing* ranks and the members in it are *waiting*. When
+every member entered it, the first later seq that some members issued and others never did
+is taken instead: those stopped issuing (``_divergence``).
 Pending point-to-point ops whose counterpart the peer has not posted make the rank wait for
-that peer. Across all groups these waits form a graph; the culprits are where the waits end
+that peer; a send or receive counts as posted only where its rank is blocked (its oldest
+pending op, or the batch of p2p ops it starts): one enqueued behind a stuck op is not posted
+yet, so its peer waits for that rank (``_p2p_waits``). Across all groups these waits form a
+graph, followed however long the chain; the culprits are where the waits end
 (:func:`detectors.waits.terminal_components`): ranks missing somewhere that wait for nothing
 themselves, e.g. a rank stuck in Python holding the GIL. A rank missing from one group because
 it waits in another is a consequence, not a culprit. ``pg_status`` numbers mix collective and
@@ -27,7 +32,7 @@ p2p counters and its pg ids are local to each rank, so it is shown as evidence o
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +107,100 @@ def _first(counter: Counter[str]) -> str:
     return counter.most_common(1)[0][0] if counter else "?"
 
 
+def _front(entries: Sequence[Entry]) -> set[int]:
+    """``id``s of the entries a rank is blocked in: its oldest pending one and, when that is a
+    point-to-point op, the p2p ops pending right after it (a batch, which NCCL runs as one).
+    What the rank enqueued after them waits behind them: not posted for real yet."""
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].record_id, i))
+    pending = [entries[i] for i in order if entries[i].pending]
+    if not pending:
+        return set()
+    out = {id(pending[0])}
+    if pending[0].is_p2p:
+        for e in pending[1:]:
+            if not e.is_p2p:
+                break
+            out.add(id(e))
+    return out
+
+
+def _divergence(
+    name: str,
+    desc: str,
+    members: tuple[int, ...],
+    ranks_entries: Mapping[int, list[Entry]],
+    oldest: Mapping[int, Entry],
+) -> Divergence | None:
+    """The group's oldest unfinished collective that not every member entered: its lowest
+    pending seq when some member never reached it. When every member entered that one, the
+    first seq that some members issued and others never did: those stopped issuing (stuck
+    in Python, or their GPU), while the others' later collectives queue behind the stuck one.
+    None when no member lags (every member entered everything: suspect the network)."""
+    pending = [e for es in ranks_entries.values() for e in es if e.pending and not e.is_p2p]
+    if not pending:
+        return None
+    issued = {
+        m: max((e.collective_seq_id for e in ranks_entries.get(m, ())), default=-1) for m in members
+    }
+    seq = min(e.collective_seq_id for e in pending)
+    missing = tuple(m for m in members if issued[m] < seq)
+    if not missing:
+        seq = min(issued.values()) + 1
+        if seq > max(issued.values()):
+            return None
+        missing = tuple(m for m in members if issued[m] < seq)
+    at = {
+        r: e
+        for r, es in ranks_entries.items()
+        for e in es
+        if e.pending and not e.is_p2p and e.collective_seq_id == seq
+    }
+    waiting = tuple(sorted(at))
+    sample = at[waiting[0]] if waiting else None
+    times = [e.time_created_ns for e in at.values() if e.time_created_ns is not None]
+    return Divergence(
+        pg_name=name,
+        pg_desc=desc,
+        seq=seq,
+        op=_first(Counter(e.op for e in at.values())),
+        input_sizes=sample.input_sizes if sample else (),
+        input_dtypes=sample.input_dtypes if sample else (),
+        members=members,
+        waiting=waiting,
+        missing=missing,
+        blocked=tuple(r for r in waiting if _is_at(oldest.get(r), name, seq)),
+        entered_ns=min(times) if times else None,
+    )
+
+
+def _p2p_waits(
+    name: str,
+    desc: str,
+    group: ProcessGroup | None,
+    ranks_entries: Mapping[int, list[Entry]],
+    front: Mapping[int, set[int]],
+) -> list[P2PWait]:
+    """Pending sends and receives of one group that their peer has not matched, per (rank,
+    peer, kind). A send matches a receive only when both are where their ranks are blocked
+    (``_front``): one queued behind a stuck op has not been posted, so its peer waits for
+    that rank, and the wait goes on to whatever blocks it."""
+    posted: Counter[tuple[str, int, int]] = Counter()
+    ready: Counter[tuple[str, int, int]] = Counter()
+    for r, es in ranks_entries.items():
+        for e in es:
+            peer = e.p2p_peer(group) if e.pending and e.is_p2p else None
+            if peer is not None:
+                posted[(peer[0], r, peer[1])] += 1
+                ready[(peer[0], r, peer[1])] += id(e) in front.get(r, ())
+    out = []
+    for (kind, r, to), n in posted.items():
+        other = "recv" if kind == "send" else "send"
+        short = n - min(ready[(kind, r, to)], ready[(other, to, r)])
+        if short > 0:
+            out.append(P2PWait(r, to, kind, name, desc, short))
+    return out
+
+
 def diagnose(dumps: Iterable[Dump]) -> Diagnosis:
     """Match operations across ranks per process group and name the culprits."""
     by_rank: dict[int, Dump] = {}
@@ -124,56 +223,17 @@ def diagnose(dumps: Iterable[Dump]) -> Diagnosis:
 
     divergences: list[Divergence] = []
     p2p: list[P2PWait] = []
-    no_dump: set[int] = set()
+    front = {r: _front(d.entries) for r, d in by_rank.items()}
     for name, ranks_entries in per_group.items():
         group = groups.get(name)
         desc = group.desc if group else next(iter(ranks_entries.values()))[0].pg_desc
         members = group.ranks if group else tuple(sorted(ranks_entries))
-        pending = [e for es in ranks_entries.values() for e in es if e.pending and not e.is_p2p]
-        if pending:
-            seq = min(e.collective_seq_id for e in pending)
-            at = {
-                r: e
-                for r, es in ranks_entries.items()
-                for e in es
-                if e.pending and not e.is_p2p and e.collective_seq_id == seq
-            }
-            issued = {r: max(e.collective_seq_id for e in es) for r, es in ranks_entries.items()}
-            missing = tuple(m for m in members if m not in at and issued.get(m, -1) < seq)
-            if missing:
-                no_dump |= {m for m in missing if m not in by_rank}
-                waiting = tuple(sorted(at))
-                sample = at[waiting[0]]
-                times = [e.time_created_ns for e in at.values() if e.time_created_ns is not None]
-                divergences.append(
-                    Divergence(
-                        pg_name=name,
-                        pg_desc=desc,
-                        seq=seq,
-                        op=_first(Counter(e.op for e in at.values())),
-                        input_sizes=sample.input_sizes,
-                        input_dtypes=sample.input_dtypes,
-                        members=members,
-                        waiting=waiting,
-                        missing=missing,
-                        blocked=tuple(r for r in waiting if _is_at(oldest.get(r), name, seq)),
-                        entered_ns=min(times) if times else None,
-                    )
-                )
-        # Point-to-point: count what each side posted for each (from, to) pair.
-        posted: Counter[tuple[str, int, int]] = Counter()
-        for r, es in ranks_entries.items():
-            for e in es:
-                peer = e.p2p_peer(group) if e.pending and e.is_p2p else None
-                if peer is not None:
-                    posted[(peer[0], r, peer[1])] += 1
-        for (kind, r, to), n in posted.items():
-            other = "recv" if kind == "send" else "send"
-            short = n - posted.get((other, to, r), 0)
-            if short > 0:
-                p2p.append(P2PWait(r, to, kind, name, desc, short))
-                if to not in by_rank:
-                    no_dump.add(to)
+        dv = _divergence(name, desc, members, ranks_entries, oldest)
+        if dv is not None:
+            divergences.append(dv)
+        p2p += _p2p_waits(name, desc, group, ranks_entries, front)
+    no_dump = {m for dv in divergences for m in dv.missing if m not in by_rank}
+    no_dump |= {w.peer for w in p2p if w.peer not in by_rank}
 
     edges: dict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
     for dv in divergences:
@@ -239,4 +299,6 @@ def _reason(
     text += f"; it waits in {e.op} seq {e.collective_seq_id} on pg {e.pg_name}"
     if rank in cycles:
         return text + " for ranks that wait for it (mismatched order)"
+    if where is not None and where.pg_name == e.pg_name and e.collective_seq_id < where.seq:
+        return text + " and issued nothing after it, unlike the others (stuck, or its GPU)"
     return text + ", which no member is missing (suspect the network or a GPU)"

@@ -20,8 +20,12 @@ Two conditions, judged on the latest heartbeat and step of every rank at ``now``
 
 **Culprits of a hang.** Every rank reports the collective it is blocked in (group, op, seq).
 The waits form a graph: a rank waiting in a collective waits for the members of that group that
-have not entered it; a rank in a point-to-point op waits for its peer unless the peer is in the
-matching op. The culprits are the ends of the waits (the sink components of the graph): ranks
+have not entered it; a rank in a point-to-point op (send/recv, a batch of them, on any group)
+waits for each peer whose transfer has not finished, unless that peer is in a p2p op with it
+too. The graph is followed transitively, so a pipeline stage blocked in a ``recv`` from a stage
+that itself waits (in a ``recv``, a ``send`` or a data-parallel all-reduce) points past it to
+where the waits end. The culprits are the ends of the waits (the sink components of the graph):
+ranks
 in no collective (computing, loading data, stuck in Python), ranks in an *earlier* seq of a group
 whose other ranks have moved on (their program diverged), ranks that crashed or never reported,
 and the ranks of a collective all its members entered but that does not finish (a link or a
@@ -35,7 +39,9 @@ graph stays linear in the number of ranks either way).
 **Crash versus hang.** When ranks crash the survivors soon hang waiting for them. The crash is
 the cause, so a single ``crash`` finding is reported and the survivors' hang (how long, in which
 collective, who waits) goes into its evidence; no separate ``hang`` finding is opened, so the
-recovery policy acts once (restart) instead of also acting on the consequence.
+recovery policy acts once (restart) instead of also acting on the consequence. Alive ranks that
+are roots of the survivors' waits on their own (a second fault: stuck, and waiting for no
+crashed rank) are named in the ``crash`` finding too (``stuck_ranks``, ``culprit_reasons``).
 
 **A job that stopped.** When every rank falls silent within one heartbeat timeout of the others
 the job is taken to have stopped (finished, cancelled, preempted) and nothing is reported,
@@ -213,46 +219,10 @@ def detect(
     }
 
     if dead:
-        by_rank = {s.rank: s for s in states}
-        crashed = tuple(sorted(dead))
-        first = min(crashed, key=lambda r: (by_rank[r].last_seen_ts, r))
-        crash_steps = [v for r in crashed if (v := by_rank[r].step_in_progress) is not None]
-        ev: dict[str, Any] = {
-            "silent_s": {str(r): now - by_rank[r].last_seen_ts for r in crashed},
-            "heartbeat_timeout_s": hb_timeout,
-            "first_silent_rank": first,
-            "alive_ranks": sorted(s.rank for s in alive),
-        }
-        if stopped_together:
-            ev["note"] = "every rank stopped reporting at once while the job should be running"
+        survivors: dict[str, Any] | None = None
         if alive and stalled_s is not None:
-            survivors: dict[str, Any] = {"stalled_s": stalled_s, "hung": hung, **timeout_ev}
-            if hung:
-                att = attribute(states, dead, groups, now)
-                survivors["waiting_for"] = list(att.culprits)
-                survivors["reasons"] = att.reasons
-                survivors.update(att.evidence)
-            ev["survivors"] = survivors
-        summary = (
-            f"{_ranks_text(crashed)} stopped sending heartbeats "
-            f"({max(ev['silent_s'].values()):.0f} s, timeout {hb_timeout:g} s)"
-        )
-        if crash_steps:
-            summary += f" in step {min(crash_steps)}"
-        if alive and hung:
-            summary += f"; the other {len(alive)} ranks have made no progress since"
-        return [
-            Finding(
-                kind="crash",
-                severity="critical",
-                ranks=crashed,
-                first_step=min(crash_steps) if crash_steps else None,
-                score=float(len(crashed)),
-                summary=summary,
-                key=f"crash:{first}",
-                evidence=ev,
-            )
-        ]
+            survivors = {"stalled_s": stalled_s, "hung": hung, **timeout_ev}
+        return [_crash(states, dead, survivors, groups, now, hb_timeout, note=stopped_together)]
 
     if not hung or stalled_s is None:
         return []
@@ -290,6 +260,67 @@ def detect(
             evidence=ev,
         )
     ]
+
+
+def _crash(
+    states: Sequence[RankState],
+    dead: Collection[int],
+    survivors: dict[str, Any] | None,
+    groups: Mapping[str, Collection[int]] | None,
+    now: float,
+    hb_timeout: float,
+    *,
+    note: bool,
+) -> Finding:
+    """The ``crash`` finding: the silent ranks, and, once the survivors are hung (their
+    ``survivors`` evidence), alive ranks that are roots of their waits too: stuck on their
+    own, not waiting for the crash (a second fault), so restarting for the crash alone
+    would hide them."""
+    by_rank = {s.rank: s for s in states}
+    crashed = tuple(sorted(dead))
+    first = min(crashed, key=lambda r: (by_rank[r].last_seen_ts, r))
+    crash_steps = [v for r in crashed if (v := by_rank[r].step_in_progress) is not None]
+    alive = len(states) - len(crashed)
+    ev: dict[str, Any] = {
+        "silent_s": {str(r): now - by_rank[r].last_seen_ts for r in crashed},
+        "heartbeat_timeout_s": hb_timeout,
+        "first_silent_rank": first,
+        "alive_ranks": sorted(s.rank for s in states if s.rank not in dead),
+    }
+    if note:
+        ev["note"] = "every rank stopped reporting at once while the job should be running"
+    stuck: list[int] = []
+    if survivors is not None:
+        if survivors["hung"]:
+            att = attribute(states, dead, groups, now)
+            survivors["waiting_for"] = list(att.culprits)
+            survivors["reasons"] = att.reasons
+            survivors.update(att.evidence)
+            stuck = [r for r in att.culprits if r not in dead]
+            if stuck:
+                ev["stuck_ranks"] = stuck
+                ev["culprit_reasons"] = {str(r): att.reasons[str(r)] for r in stuck}
+        ev["survivors"] = survivors
+    summary = (
+        f"{_ranks_text(crashed)} stopped sending heartbeats "
+        f"({max(ev['silent_s'].values()):.0f} s, timeout {hb_timeout:g} s)"
+    )
+    if crash_steps:
+        summary += f" in step {min(crash_steps)}"
+    if survivors is not None and survivors["hung"]:
+        summary += f"; the other {alive} ranks have made no progress since"
+    if stuck:
+        summary += f", and {_ranks_text(stuck)} waits for none of them (stuck too)"
+    return Finding(
+        kind="crash",
+        severity="critical",
+        ranks=tuple(sorted({*crashed, *stuck})),
+        first_step=min(crash_steps) if crash_steps else None,
+        score=float(len(crashed)),
+        summary=summary,
+        key=f"crash:{first}",
+        evidence=ev,
+    )
 
 
 @register("hang", kinds={"hang", "crash"}, needs={"liveness"})

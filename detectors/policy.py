@@ -35,6 +35,11 @@ Disruptive actions (restart, evict_rank, rollback) must beat the best non-disrup
 choice by ``min_gain_s``: the numbers are rough, and a restart is not free of risk.
 Only ``restart`` and ``dump_stacks`` have built-in handlers on ranks; ``evict_rank``,
 ``rollback`` and ``checkpoint_now`` need ``@vigil.on_action`` handlers in the job.
+
+``apply_swap_policy`` is a default candidate of ``opseq_change`` and ``memory_pressure``
+(so a policy's ``actions`` list can allow or refuse it) but is not costed here: the swap
+loop (``backend.swap.loop``) sends it beside this choice, with the activation-swap policy
+for the job's op sequence, where ranks run the swap executor. It is not disruptive.
 """
 
 from __future__ import annotations
@@ -71,10 +76,14 @@ DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
     "loss_spike": ("rollback",),
     "slowdown": ("dump_stacks",),
     "comm_anomaly": ("dump_stacks",),
-    "memory_pressure": ("checkpoint_now",),
-    "opseq_change": (),
+    "memory_pressure": ("checkpoint_now", "apply_swap_policy"),
+    "opseq_change": ("apply_swap_policy",),
     "slo_burn": (),
 }
+SWAP_LOOP_NOTE = (
+    "sent by the swap loop, beside this choice, with the policy for the job's op sequence "
+    "(where ranks run the swap executor)"
+)
 DISRUPTIVE = frozenset({"restart", "exit_for_restart", "evict_rank", "rollback"})
 SLOW_KINDS = frozenset({"straggler", "slowdown", "comm_anomaly"})
 DOWN_KINDS = frozenset({"hang", "crash"})
@@ -100,6 +109,10 @@ class Facts:
     failure_p: float = 1.0
     step_s: float | None = None
     horizon_s: float = DEFAULT_HORIZON_S
+    # False: horizon_s is what is left of the run's planned length; True: an assumption
+    # (the policy's horizon_s or DEFAULT_HORIZON_S), which every estimate then says.
+    horizon_assumed: bool = False
+    horizon_note: str = ""  # where horizon_s came from, for the reasoning record
     since_checkpoint_s: float = 0.0
     restart_s: float = DEFAULT_RESTART_S
     checkpoint_s: float = DEFAULT_CHECKPOINT_S
@@ -130,6 +143,7 @@ class Decision:
     explanation: str
     candidates: tuple[Candidate, ...]
     skipped: tuple[tuple[str, str], ...] = ()
+    horizon: str = ""  # Facts.horizon_note: how long the job was taken to run on
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able reasoning: the cost table, what was skipped and why, the choice."""
@@ -137,6 +151,7 @@ class Decision:
             "estimate": "expected job time lost over the horizon, in seconds (rough estimates)",
             "chosen": self.action,
             "explanation": self.explanation,
+            "horizon": self.horizon,
             "candidates": [
                 {
                     "action": c.action,
@@ -216,11 +231,17 @@ def decide(facts: Facts) -> Decision:
         explanation=explanation,
         candidates=tuple(costed),
         skipped=tuple(skipped),
+        horizon=f.horizon_note,
     )
 
 
 def _rank_of(action: str | None) -> int:
     return _PREFERENCE.index(action) if action in _PREFERENCE else len(_PREFERENCE)
+
+
+def _left(f: Facts) -> str:
+    """``10 h`` left of a planned run, or ``an assumed 4 h`` when its length is unknown."""
+    return f"{'an assumed ' if f.horizon_assumed else ''}{human_seconds(f.horizon_s)}"
 
 
 def _nothing(f: Facts) -> Candidate:
@@ -233,14 +254,14 @@ def _nothing(f: Facts) -> Candidate:
         return Candidate(
             None,
             cost,
-            f"a {100 * f.slower_frac:.1f}% slower {who}over {h(f.horizon_s)} left costs ~{h(cost)}",
+            f"a {100 * f.slower_frac:.1f}% slower {who}over {_left(f)} left costs ~{h(cost)}",
         )
     if f.kind in DOWN_KINDS:
         cost = f.horizon_s + f.since_checkpoint_s
         return Candidate(
             None,
             cost,
-            f"a {f.kind} leaves the job down for the {h(f.horizon_s)} horizon "
+            f"a {f.kind} leaves the job down for {_left(f)} left "
             f"(and {h(f.since_checkpoint_s)} of work since the checkpoint is lost anyway)",
         )
     if f.kind in DIVERGE_KINDS:
@@ -248,8 +269,8 @@ def _nothing(f: Facts) -> Candidate:
         return Candidate(
             None,
             cost,
-            f"if training diverges (estimated chance {f.failure_p:.0%}), the {h(f.horizon_s)} "
-            f"left are wasted: ~{h(cost)}",
+            f"if training diverges (estimated chance {f.failure_p:.0%}), the rest of the run "
+            f"({_left(f)}) is wasted: ~{h(cost)}",
         )
     if f.kind == "memory_pressure":
         cost = f.failure_p * (f.restart_s + f.since_checkpoint_s)
@@ -323,6 +344,8 @@ def _candidate(f: Facts, action: str, nothing_s: float) -> Candidate | str:
             f"checkpointing now costs ~{h(f.checkpoint_s)} and leaves only the restart at "
             f"risk: ~{h(cost)}",
         )
+    if action == "apply_swap_policy":
+        return SWAP_LOOP_NOTE
     return f"no cost model for {action} on a {f.kind}"
 
 
@@ -379,15 +402,22 @@ def facts_from_incident(
     world_size: int,
     allowed: tuple[str, ...] | None = None,
     first_step: int | None = None,
+    remaining_s: float | None = None,
+    plan_note: str = "",
 ) -> Facts:
     """Facts from an incident's fields and a policy's ``params`` (defaults where absent).
+
+    The horizon is what is left of the run when its planned length is known
+    (``remaining_s``, with ``plan_note`` saying how it was worked out); otherwise an
+    assumption, the policy's ``horizon_s`` or ``DEFAULT_HORIZON_S``, and the estimates say
+    "assumed".
 
     >>> facts_from_incident(kind="slowdown", ranks=(), active=True, evidence={"rise_pct": 20},
     ...     params={"horizon_s": 3600}, step_s=1.0, since_checkpoint_s=0, world_size=8
     ... ).slower_frac
     0.2
     """
-    horizon = float(params.get("horizon_s", DEFAULT_HORIZON_S))
+    horizon, assumed, note = _horizon(params, remaining_s, plan_note)
     return Facts(
         kind=kind,
         ranks=tuple(ranks),
@@ -396,6 +426,8 @@ def facts_from_incident(
         failure_p=failure_probability(kind, evidence, step_s, horizon),
         step_s=step_s,
         horizon_s=horizon,
+        horizon_assumed=assumed,
+        horizon_note=note,
         since_checkpoint_s=max(0.0, since_checkpoint_s),
         restart_s=float(params.get("restart_s", DEFAULT_RESTART_S)),
         checkpoint_s=float(params.get("checkpoint_s", DEFAULT_CHECKPOINT_S)),
@@ -405,6 +437,28 @@ def facts_from_incident(
         min_gain_s=float(params.get("min_gain_s", DEFAULT_MIN_GAIN_S)),
         allowed=allowed,
         first_step=first_step,
+    )
+
+
+def _horizon(
+    params: Mapping[str, Any], remaining_s: float | None, plan_note: str
+) -> tuple[float, bool, str]:
+    """``(horizon_s, assumed, note)``: the run's remaining time when known, else assumed."""
+    if remaining_s is not None:
+        left = max(0.0, float(remaining_s))
+        return left, False, f"{human_seconds(left)} left of the run: {plan_note}".rstrip(": ")
+    unknown = "the job's planned length is unknown (vigil.init(total_steps=…) or VIGIL_TOTAL_STEPS)"
+    if "horizon_s" in params:
+        horizon = float(params["horizon_s"])
+        return (
+            horizon,
+            True,
+            f"assumed {human_seconds(horizon)} left (the policy's horizon_s): {unknown}",
+        )
+    return (
+        DEFAULT_HORIZON_S,
+        True,
+        f"assumed {human_seconds(DEFAULT_HORIZON_S)} left (the default horizon): {unknown}",
     )
 
 

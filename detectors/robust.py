@@ -56,16 +56,8 @@ def nanmedian_rows_counts(
 
     finite = np.isfinite(arr)
     valid = finite.sum(axis=1, dtype=np.int64)
-    if (valid < n).any():
-        # Missing entries in row-major order, and each one's position among its row's.
-        where = np.flatnonzero(~finite)
-        row = where // n
-        n_missing = n - valid
-        first = np.cumsum(n_missing) - n_missing
-        nth = np.arange(where.size) - first[row]
-        # The first `n_low` missing entries of a row sort low, the rest high.
-        n_low = half - valid // 2
-        arr.reshape(-1)[where] = np.where(nth < n_low[row], -np.inf, np.inf)
+    # The first `n_low` missing entries of a row sort low, the rest high.
+    _place_missing(arr, finite, valid, n_low=half - valid // 2)
 
     arr.partition(half, axis=1)
     med = arr[:, half].astype(np.float64)
@@ -75,6 +67,50 @@ def nanmedian_rows_counts(
         med[even] = 0.5 * (low[even] + med[even])
     med[valid == 0] = np.nan
     return med, valid
+
+
+def nanquantile_rows_counts(
+    a: npt.ArrayLike, q: float, *, overwrite: bool = False
+) -> tuple[FloatArray, IntArray]:
+    """Per-row ``q``-quantile of the valid values (nearest rank: the value at index
+    ``floor(q * (valid - 1) + 0.5)`` of the sorted valid values, no interpolation) and the
+    number of valid values, with one single-``kth`` partition like :func:`nanmedian_rows_counts`.
+
+    >>> nanquantile_rows_counts(np.array([[4.0, 1.0, np.nan, 3.0, 2.0]]), 0.25)
+    (array([2.]), array([4]))
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    arr = _writable_2d(a, overwrite=overwrite)
+    n_rows, n = arr.shape
+    if n == 0:
+        return np.full(n_rows, np.nan), np.zeros(n_rows, dtype=np.int64)
+    kth = int(np.floor(q * (n - 1) + 0.5))
+    finite = np.isfinite(arr)
+    valid = finite.sum(axis=1, dtype=np.int64)
+    k_valid = np.floor(q * np.maximum(valid - 1, 0) + 0.5).astype(np.int64)
+    _place_missing(arr, finite, valid, n_low=np.clip(kth - k_valid, 0, n - valid))
+    arr.partition(kth, axis=1)
+    out = arr[:, kth].astype(np.float64)
+    out[valid == 0] = np.nan
+    return out, valid
+
+
+def _place_missing(
+    arr: AnyFloatArray, finite: npt.NDArray[np.bool_], valid: IntArray, *, n_low: IntArray
+) -> None:
+    """Overwrite each row's missing entries: its first ``n_low`` ones (row-major order) with
+    -inf, the rest with +inf, so that after one partition the wanted order statistic of the
+    row's valid values sits at a column shared by every row."""
+    n = arr.shape[1]
+    if not (valid < n).any():
+        return
+    where = np.flatnonzero(~finite)
+    row = where // n
+    n_missing = n - valid
+    first = np.cumsum(n_missing) - n_missing
+    nth = np.arange(where.size) - first[row]
+    arr.reshape(-1)[where] = np.where(nth < n_low[row], -np.inf, np.inf)
 
 
 def mad_scale_rows(a: npt.ArrayLike, *, center: npt.ArrayLike, floor: float = 0.0) -> FloatArray:

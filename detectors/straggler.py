@@ -19,31 +19,45 @@ differ) the step time is used as is. Where ``comm_time`` is given but a cell of 
 that rank's step is not compared: its compute time would be its whole step time, collective
 wait included, and would look slow next to the ranks whose wait is known.
 
-1. Per step, each rank's ratio to the cross-rank median compute time (NaN-tolerant).
+1. Per step, each rank's ratio to a reference compute time: the fast quartile of the ranks
+   (the 25th percentile across ranks, NaN-tolerant; ``reference_quantile``). Not the
+   median: when a group of ranks (a quarter to nearly half of the job) turns slower
+   together, the median moves toward them and each sits just over the threshold; the fast
+   quartile stays with the fast majority as long as fewer than three quarters are slow.
 2. Per rank, its *normal* ratio: the median over the first ``baseline_steps`` steps of the
    window, capped at ``max_baseline_ratio`` (or ``baseline=`` from the caller, uncapped);
-   floored at 1, since a rank that is normally fast is no straggler at the median's speed.
+   floored at 1, since a rank that is normally fast is no straggler at the reference speed.
+   The backend learns it once per run and attempt (:func:`learn_baselines`) and passes it
+   back to every later window, so a slowdown that lasts thousands of steps is not absorbed
+   once the window has slid past its onset.
    Dividing by it means a rank on slower hardware that is 10% slower from the start never
    fires: only a *change* in a rank's relative speed counts. The cap means a rank that is
    already far slower when the window opens still fires, from the window's first step.
-3. Per step, a robust scale of the baseline-corrected ratios across ranks
-   (1.4826 · MAD, at least ``scale_floor``). A step is *over threshold* for a rank when its
-   corrected ratio exceeds ``1 + max(rel_threshold, z_threshold · scale)``: at least 10%
-   slower than its normal (tiny absolute differences never fire) and an outlier given the
-   spread of the other ranks at that step (noisy jobs need a larger gap).
+3. Per step, a robust scale of the baseline-corrected ratios across the ranks that are not
+   slow (1.4826 · MAD about the reference level 1 of the ratios up to ``1 +
+   rel_threshold``, at least ``scale_floor``): a slow group does not widen the yardstick.
+   A step is *over threshold* for a rank when its corrected ratio exceeds
+   ``1 + max(rel_threshold, z_threshold · scale)``: at least 10% slower than its normal
+   (tiny absolute differences never fire) and an outlier given the spread of the other
+   ranks at that step (noisy jobs need a larger gap).
 4. Persistence: a rank fires while at least ``persist_k`` of its last ``persist_m`` steps are
    over threshold (missing steps keep the rank's previous state). A run of firing steps is
    an episode; its onset is the first over-threshold step of the window that first met the
    persistence rule. An episode still firing at the window's last step is ``active``; one
    that ended inside the window is reported with ``active=False`` and ``last_step``.
-5. Blips are noise: an episode that is already over, lasted fewer than ``blip_steps`` steps
-   and was under ``blip_ratio`` (1.3x) slower is not reported (the OS took a rank's core for
-   a moment on a busy host). A longer or larger episode, or one still going on, is.
+5. Material, not blips: an episode is reported once it cost the job ``min_cost_s`` (0.5 s)
+   — the rank's compute beyond its normal, summed over the episode, which is what the other
+   ranks waited for it. A short one (under ``blip_steps`` steps) must also cost
+   ``blip_share`` (10%) of its step time, and once over, have been ``blip_ratio`` (1.3x)
+   slower. On a busy host the OS takes a rank's core for a moment: 14 ms more on a 5 ms
+   compute inside 20 ms steps, for 8 steps, is that, not a straggler; a rank 0.15 s slower
+   per step costs 0.5 s within 4 steps and is reported as soon as persistence allows.
 6. A noisy host: when more than one rank has an episode in the window (on a busy 2-core
    machine the OS takes one rank's core, then another's, for a second or two at a time),
-   and always with two ranks, only episodes that lasted ``noisy_min_s`` (10 s) of step time
-   are reported, so contention is not a parade of stragglers while a real one, which
-   lasts, still shows. One straggler among quiet ranks is reported as soon as step 4 allows.
+   and always with two ranks, an episode is reported once it lasted ``noisy_min_s`` (10 s)
+   of step time or cost ``noisy_min_cost_s`` (3 s: what the other ranks waited for it), so
+   contention is not a parade of stragglers while a real one, which lasts or costs, still
+   shows. One straggler among quiet ranks is reported as soon as step 4 allows.
 
 **Two ranks.** A cross-rank median of two is their mean and their spread is the gap itself,
 so with two ranks (README's example) each rank is compared with *the other one*: its compute
@@ -68,7 +82,7 @@ import numpy.typing as npt
 
 from detectors.finding import Finding, Severity
 from detectors.registry import register
-from detectors.robust import mad_scale_rows, nanmedian_rows, nanmedian_rows_counts
+from detectors.robust import mad_scale_rows, nanmedian_rows, nanquantile_rows_counts
 from detectors.timing import compute_time
 from detectors.window import Window
 
@@ -77,7 +91,7 @@ F32Array = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-__all__ = ["StragglerConfig", "detect_stragglers"]
+__all__ = ["StragglerConfig", "detect_stragglers", "learn_baselines"]
 
 
 @dataclass(frozen=True)
@@ -96,13 +110,21 @@ class StragglerConfig:
         estimated (when the caller gives no ``baseline``).
     max_baseline_ratio: the largest slowdown that counts as a rank's normal (heterogeneous
         hardware); above it, the excess is a straggler from the window's start.
+    reference_quantile: the quantile of the ranks' compute times each rank is compared with
+        (0.25: the fast quartile; 0.5 would be the median, which a slow group drags along).
     min_ranks: steps with fewer reporting ranks are ignored (no meaningful median); a job
         of exactly two ranks is compared pairwise instead (see the module's "Two ranks").
     critical_ratio: slowdown (vs the median rank) from which a finding is ``critical``.
-    blip_ratio, blip_steps: an episode already over, shorter than ``blip_steps`` steps and
-        under ``blip_ratio`` times slower than normal, is noise (not reported).
-    noisy_min_s: when more than one rank has an episode in the window, or the job has two
-        ranks, an episode must have lasted this many seconds (of step time) to be reported.
+    min_cost_s: an episode is reported once it cost the job this many seconds: the rank's
+        compute beyond its normal, summed over the episode (what the others waited for it).
+    blip_ratio, blip_steps, blip_share: an episode shorter than ``blip_steps`` steps is
+        noise (not reported) while its cost is under ``blip_share`` of its step time over
+        the episode, and once it is over, when it was under ``blip_ratio`` times slower
+        than normal.
+    noisy_min_s, noisy_min_cost_s: when more than one rank has an episode in the window, or
+        the job has two ranks, an episode is reported once it lasted ``noisy_min_s`` seconds
+        (of step time) or cost ``noisy_min_cost_s`` seconds (its compute beyond its normal,
+        summed: what the other ranks waited for it).
     """
 
     rel_threshold: float = 0.10
@@ -112,11 +134,15 @@ class StragglerConfig:
     persist_m: int = 8
     baseline_steps: int = 20
     max_baseline_ratio: float = 1.15
+    reference_quantile: float = 0.25
     min_ranks: int = 3
     critical_ratio: float = 1.5
     blip_ratio: float = 1.3
     blip_steps: int = 10
+    blip_share: float = 0.10
+    min_cost_s: float = 0.5
     noisy_min_s: float = 10.0
+    noisy_min_cost_s: float = 3.0
 
     def __post_init__(self) -> None:
         if self.rel_threshold <= 0 or self.z_threshold < 0 or self.scale_floor <= 0:
@@ -127,6 +153,8 @@ class StragglerConfig:
             raise ValueError("need baseline_steps >= 1 and min_ranks >= 2")
         if self.max_baseline_ratio < 1 or self.critical_ratio <= 1:
             raise ValueError("need max_baseline_ratio >= 1 and critical_ratio > 1")
+        if not 0.0 < self.reference_quantile <= 0.5:
+            raise ValueError("need 0 < reference_quantile <= 0.5")
 
 
 DEFAULT_CONFIG = StragglerConfig()
@@ -151,8 +179,9 @@ def detect_stragglers(
     step_time: (R, S) step duration per rank and step; NaN where a rank did not report.
     comm_time: (R, S) time spent in collectives, optional; compute = step_time - comm_time.
     ranks: (R,) rank ids of the rows; default ``0..R-1``.
-    baseline: (R,) each rank's normal ratio to the median rank, if the caller keeps one
-        across windows (NaN entries are estimated from this window); default: estimated.
+    baseline: (R,) each rank's normal ratio to the reference, if the caller keeps one across
+        windows (:func:`learn_baselines`; NaN entries are estimated from this window);
+        default: estimated.
 
     Returns one ``Finding`` (kind ``straggler``, key ``straggler:<rank>``) per rank with an
     episode in the window, the most recent episode, highest score first.
@@ -166,23 +195,8 @@ def detect_stragglers(
     if (n_ranks < cfg.min_ranks and not pairwise) or n_steps == 0:
         return []
 
-    # Work in (steps x ranks) layout: every per-step reduction runs along contiguous memory.
-    ratio = _compute_by_step(times, comm)
-    nonpositive = ratio <= 0
-    if nonpositive.any():
-        ratio[nonpositive] = np.nan  # no compute left (or bad data): treat as missing
-
-    # 1. Ratio to the cross-rank median, per step (with two ranks: to the other rank).
-    median_compute: FloatArray
-    if pairwise:
-        other = np.ascontiguousarray(ratio[:, ::-1])
-        median_compute = other.astype(np.float64)  # (S, 2): each rank's reference
-        ratio /= other
-    else:
-        median, reporting = nanmedian_rows_counts(ratio)
-        median[(reporting < cfg.min_ranks) | ~(median > 0)] = np.nan
-        median_compute = median.copy()
-        ratio /= median.astype(np.float32)[:, None]  # in place: now compute / median compute
+    ratio, reference = _ratio_to_reference(times, comm, pairwise, cfg)
+    median_compute: FloatArray | None = reference if pairwise else None  # evidence, lazily
 
     # 2. Each rank's normal ratio, and the ratio corrected by it.
     base = _baselines(ratio, base_in, cfg)
@@ -190,10 +204,7 @@ def detect_stragglers(
     adj /= base.astype(np.float32)[None, :]
 
     # 3. Per-step robust scale of the corrected ratios; slow steps.
-    if pairwise:
-        scale = _pair_scale(adj, cfg)
-    else:
-        scale = mad_scale_rows(_rank_sample(adj), center=np.ones(n_steps), floor=cfg.scale_floor)
+    scale = _pair_scale(adj, cfg) if pairwise else _majority_scale(adj, cfg)
     margin = np.maximum(cfg.rel_threshold, cfg.z_threshold * scale)
     valid = np.isfinite(adj)
     over = adj >= (1.0 + margin).astype(np.float32)[:, None]  # NaN compares False
@@ -206,6 +217,12 @@ def detect_stragglers(
     firing = count >= cfg.persist_k
 
     def episodes(cols: IntArray, step_s: FloatArray | None, min_span_s: float) -> list[Finding]:
+        nonlocal median_compute
+        if not cols.size:
+            return []
+        if median_compute is None:  # the evidence's median, computed only when a rank fires
+            median_compute = nanmedian_rows(_compute_by_step(times, comm), overwrite=True)
+        median = median_compute
         out = []
         for col in cols.tolist():
             finding = _episode_finding(
@@ -220,7 +237,8 @@ def detect_stragglers(
                 base=float(base[col]),
                 scale=scale,
                 margin=margin,
-                median_compute=median_compute[:, col] if pairwise else median_compute,
+                median_compute=median[:, col] if pairwise else median,
+                reference=reference[:, col] if pairwise else reference,
                 pairwise=pairwise,
                 times=times,
                 comm=comm,
@@ -242,6 +260,60 @@ def detect_stragglers(
         findings = episodes(cols, step_s, cfg.noisy_min_s)
     findings.sort(key=lambda f: (-f.score, f.ranks))
     return findings
+
+
+def learn_baselines(
+    steps: npt.ArrayLike,
+    step_time: npt.ArrayLike,
+    comm_time: npt.ArrayLike | None = None,
+    *,
+    config: StragglerConfig = DEFAULT_CONFIG,
+) -> FloatArray:
+    """Each rank's normal ratio to the reference, learned from the window's first
+    ``baseline_steps`` steps (capped at ``max_baseline_ratio``, floored at 1), for a caller
+    that keeps it across windows and passes it back as ``baseline=``: once the window has
+    slid past the onset of a slowdown that lasts, its own first steps would be slow ones and
+    absorb it. NaN for a rank with fewer than half of those steps reported, and for every
+    rank while the window has fewer than ``baseline_steps`` steps (too early to tell).
+    """
+    cfg = config
+    _, times, comm, _, _ = _validate(steps, step_time, comm_time, None, None)
+    n_ranks, n_steps = times.shape
+    pairwise = n_ranks == 2
+    out = np.full(n_ranks, np.nan)
+    if (n_ranks < cfg.min_ranks and not pairwise) or n_steps < cfg.baseline_steps:
+        return out
+    ratio, _ = _ratio_to_reference(times[:, : cfg.baseline_steps], _head(comm, cfg), pairwise, cfg)
+    enough = np.isfinite(ratio).sum(axis=0) * 2 >= cfg.baseline_steps
+    base = _baselines(ratio, None, cfg)
+    out[enough] = base[enough]
+    return out
+
+
+def _head(comm: FloatArray | None, cfg: StragglerConfig) -> FloatArray | None:
+    return None if comm is None else comm[:, : cfg.baseline_steps]
+
+
+def _ratio_to_reference(
+    times: FloatArray, comm: FloatArray | None, pairwise: bool, cfg: StragglerConfig
+) -> tuple[F32Array, FloatArray]:
+    """Step 1: (steps x ranks) compute time over the reference — the fast quartile of the
+    ranks at that step, or the other rank of two — and the (S,) or (S, 2) reference."""
+    # Work in (steps x ranks) layout: every per-step reduction runs along contiguous memory.
+    ratio = _compute_by_step(times, comm)
+    nonpositive = ratio <= 0
+    if nonpositive.any():
+        ratio[nonpositive] = np.nan  # no compute left (or bad data): treat as missing
+    reference: FloatArray
+    if pairwise:
+        other = np.ascontiguousarray(ratio[:, ::-1])
+        reference = other.astype(np.float64)  # (S, 2): each rank's reference
+        ratio /= other
+    else:
+        reference, reporting = nanquantile_rows_counts(ratio, cfg.reference_quantile)
+        reference[(reporting < cfg.min_ranks) | ~(reference > 0)] = np.nan
+        ratio /= reference.astype(np.float32)[:, None]  # in place: compute / reference
+    return ratio, reference
 
 
 def _validate(
@@ -311,7 +383,7 @@ def _rank_sample(by_step: F32Array) -> F32Array:
 
 
 def _baselines(ratio: F32Array, given: FloatArray | None, cfg: StragglerConfig) -> FloatArray:
-    """Each rank's normal ratio to the median, in [1, max_baseline_ratio]."""
+    """Each rank's normal ratio to the reference, in [1, max_baseline_ratio]."""
     n_ranks = ratio.shape[1]
     base = np.full(n_ranks, np.nan) if given is None else given.copy()
     todo = ~np.isfinite(base)
@@ -323,6 +395,15 @@ def _baselines(ratio: F32Array, given: FloatArray | None, cfg: StragglerConfig) 
     base[~np.isfinite(base)] = 1.0  # no data early in the window: assume a normal rank
     clipped: FloatArray = np.maximum(base, 1.0)
     return clipped
+
+
+def _majority_scale(adj: F32Array, cfg: StragglerConfig) -> FloatArray:
+    """Per step, the spread of the ranks that are not slow: 1.4826 · MAD about 1 of the
+    corrected ratios up to ``1 + rel_threshold``. Ranks beyond that (a slow group, however
+    large) do not widen the yardstick they are measured with; the noise of the others does."""
+    sample = _rank_sample(adj)
+    fast = np.where(sample <= np.float32(1.0 + cfg.rel_threshold), sample, np.float32(np.nan))
+    return mad_scale_rows(fast, center=np.ones(adj.shape[0]), floor=cfg.scale_floor)
 
 
 def _pair_scale(adj: F32Array, cfg: StragglerConfig) -> FloatArray:
@@ -369,6 +450,7 @@ def _episode_finding(
     scale: FloatArray,
     margin: FloatArray,
     median_compute: FloatArray,
+    reference: FloatArray,
     pairwise: bool,
     times: FloatArray,
     comm: FloatArray | None,
@@ -389,13 +471,20 @@ def _episode_finding(
         if int(over[onset : last + 1].sum()) < cfg.persist_k:
             continue
         ended = end < firing.size - 1
-        if ended and last - onset + 1 < cfg.blip_steps:
+        cost, own_span = _cost(col, onset, last, times, comm, reference, base)
+        if cost < cfg.min_cost_s:
+            continue  # immaterial (so far): the job lost next to nothing to it
+        if last - onset + 1 < cfg.blip_steps:
             seen_ = valid[onset : last + 1]
             peak = _median(adj[onset : last + 1][seen_].astype(np.float64))
-            if peak < cfg.blip_ratio:
-                continue  # a short, mild blip that is over: noise
-        if step_s is not None and float(np.nansum(step_s[onset : last + 1])) < min_span_s:
-            continue  # a noisy host: not sustained (yet)
+            if (peak < cfg.blip_ratio and ended) or cost < cfg.blip_share * own_span:
+                continue  # a short blip, mild and over or cheap: noise (so far)
+        if (
+            step_s is not None
+            and float(np.nansum(step_s[onset : last + 1])) < min_span_s
+            and cost < cfg.noisy_min_cost_s
+        ):
+            continue  # a noisy host: neither sustained nor costly (yet)
         episodes.append((onset, last, start, end))
     if not episodes:
         return None
@@ -416,6 +505,7 @@ def _episode_finding(
     evidence: dict[str, Any] = {
         "basis": "step_time" if comm is None else "compute",
         "median_compute_s": _sig(_median(median_compute[span][seen])),
+        "reference_compute_s": _sig(_median(reference[span][seen])),
         "rank_compute_s": _sig(_median(rank_compute[seen])),
         "ratio": _sig(ratio),
         "baseline_ratio": _sig(base),
@@ -434,7 +524,7 @@ def _episode_finding(
             [int(step_ids[a]), int(step_ids[b])] for a, b, _, _ in episodes[:-1]
         ]
 
-    than = "the other rank" if pairwise else "the median rank"
+    than = "the other rank" if pairwise else "the fast ranks"
     slower = f"{ratio:.2f}{TIMES} slower than {than}"
     if comm is None:
         slower += " (step time)"
@@ -461,6 +551,23 @@ def _episode_finding(
     )
 
 
+def _cost(
+    col: int,
+    onset: int,
+    last: int,
+    times: FloatArray,
+    comm: FloatArray | None,
+    reference: FloatArray,
+    base: float,
+) -> tuple[float, float]:
+    """Seconds one episode cost: the rank's compute beyond its normal (its (S,) reference ×
+    its baseline ratio), summed over the episode; and the rank's own step time over it."""
+    span = slice(onset, last + 1)
+    own = compute_time(times[col, span], None if comm is None else comm[col, span])
+    excess = np.clip(own - reference[span] * base, 0.0, None)
+    return float(np.nansum(excess)), float(np.nansum(times[col, span]))
+
+
 def _median(values: FloatArray) -> float:
     finite = values[np.isfinite(values)]
     return float(np.median(finite)) if finite.size else float("nan")
@@ -476,5 +583,9 @@ def _detect_window(window: Window) -> list[Finding]:
     w = window.steps
     assert w is not None
     return detect_stragglers(
-        w.steps, w.step_time, comm_time=w.comm_time if w.has_comm else None, ranks=w.ranks
+        w.steps,
+        w.step_time,
+        comm_time=w.comm_time if w.has_comm else None,
+        ranks=w.ranks,
+        baseline=w.straggler_baseline,
     )

@@ -9,7 +9,9 @@ A run fills the parts it has; a detector declares the parts it needs
 - ``liveness``: each rank's latest state, the clock and recent step times (a *sweep*, on a
   timer: hangs and crashes show as the absence of data);
 - ``serving``: a serving job's per-minute request rollups, per SLO and per replica (a
-  *serving run*, after new request records and on a timer: burn rates move with the clock).
+  *serving run*, after new request records and on a timer: burn rates move with the clock);
+- ``opseq``: the shape fingerprint each rank reported at each step of the ``steps`` window,
+  and what the job knows of those fingerprints (same run).
 
     >>> import numpy as np
     >>> steps = StepWindow.from_arrays(steps=[10, 11], ranks=[0, 1],
@@ -33,22 +35,35 @@ FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
-PARTS = ("steps", "collectives", "liveness", "serving")
+PARTS = ("steps", "collectives", "liveness", "serving", "opseq")
+
+
+# Point-to-point ops as the collector names them (``collector.integrations.torch_distributed``).
+P2P_OPS = frozenset(
+    {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+)
 
 
 @dataclass(frozen=True)
 class Inflight:
     """The operation a rank is blocked in: the oldest it has not finished.
 
-    ``since`` is when the rank entered it (wall-clock seconds). ``peer`` is the global rank on
-    the other side of a point-to-point op (send/recv); ``None`` for a collective.
+    ``since`` is when the rank entered it (wall-clock seconds). ``peers``: for a
+    point-to-point op (send/recv, a batch of them), the global ranks on the other side whose
+    transfer has not finished, ``()`` when unknown (a receive from any source, a collector
+    that did not say); ``None`` for a collective.
     """
 
     group: str
     op: str
     seq: int
     since: float
-    peer: int | None = None
+    peers: tuple[int, ...] | None = None
+
+    @property
+    def p2p(self) -> bool:
+        """A point-to-point op (by its peers, or by its name from collectors without them)."""
+        return self.peers is not None or self.op in P2P_OPS
 
 
 @dataclass(frozen=True)
@@ -108,6 +123,9 @@ class StepWindow:
     world_size: int
     # Device memory per rank, (R,) bytes; None until ranks report it.
     mem_capacity: FloatArray | None = None
+    # Each rank's normal compute ratio to the fast ranks, (R,), NaN where not yet known: kept
+    # by the backend across windows (``backend.detection.baselines``); None: estimate anew.
+    straggler_baseline: FloatArray | None = None
 
     @property
     def has_comm(self) -> bool:
@@ -220,6 +238,67 @@ class ServingWindow:
 
 
 @dataclass(frozen=True)
+class ShapeInfo:
+    """What the job knows of one shape fingerprint: the first step any rank ran it, and,
+    once a captured step covered it, its op sequence's hash and that sequence's structure
+    (the hash of its op names only); None until then."""
+
+    first_step: int
+    opseq: str | None = None
+    structure: str | None = None
+
+
+@dataclass(frozen=True)
+class OpSeqWindow:
+    """The shape fingerprint (``shape_fp``) each rank ran at each step of the window.
+
+    ``codes[r, s]`` indexes ``fingerprints`` (-1: rank ``ranks[r]`` sent none at step
+    ``steps[s]``); ``known`` has the job's record of each of those fingerprints;
+    ``job_first_step`` is the earliest ``first_step`` of any fingerprint of the job (None:
+    unknown), so the job's very first fingerprints are not taken for a change.
+
+        >>> w = OpSeqWindow.from_grid(steps=[7, 8], ranks=[0], shape_fp=[["a", None]],
+        ...                           known={"a": ShapeInfo(first_step=0)})
+        >>> w.codes.tolist(), w.fingerprints
+        ([[0, -1]], ('a',))
+    """
+
+    steps: IntArray  # (S,)
+    ranks: IntArray  # (R,)
+    codes: IntArray  # (R, S)
+    fingerprints: tuple[str, ...]
+    known: Mapping[str, ShapeInfo]
+    job_first_step: int | None = None
+
+    @classmethod
+    def from_grid(
+        cls,
+        *,
+        steps: Sequence[int],
+        ranks: Sequence[int],
+        shape_fp: Sequence[Sequence[str | None]],
+        known: Mapping[str, ShapeInfo],
+        job_first_step: int | None = None,
+    ) -> OpSeqWindow:
+        """Build a window from a rank × step grid of fingerprints (None: not reported)."""
+        names = tuple(sorted({fp for row in shape_fp for fp in row if fp is not None}))
+        index = {fp: i for i, fp in enumerate(names)}
+        codes = np.array(
+            [[-1 if fp is None else index[fp] for fp in row] for row in shape_fp], dtype=np.int64
+        ).reshape(len(ranks), len(steps))
+        if job_first_step is None and known:
+            job_first_step = min(info.first_step for info in known.values())
+        return cls(
+            steps=np.asarray(steps, dtype=np.int64),
+            ranks=np.asarray(ranks, dtype=np.int64),
+            codes=codes,
+            fingerprints=names,
+            known=known,
+            job_first_step=job_first_step,
+        )
+
+
+@dataclass(frozen=True)
 class Window:
     """One run's view of a job; the parts it lacks are None."""
 
@@ -227,6 +306,7 @@ class Window:
     collectives: CollectiveWindow | None = None
     liveness: LivenessWindow | None = None
     serving: ServingWindow | None = None
+    opseq: OpSeqWindow | None = None
 
     @property
     def parts(self) -> frozenset[str]:

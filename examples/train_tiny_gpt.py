@@ -7,11 +7,21 @@ The Vigil lines are the two-line integration (``init`` is a no-op without an end
 the script runs the same without Vigil). It checkpoints every ``--ckpt-every`` steps and
 resumes from the newest checkpoint, so a restart by ``torchrun --max-restarts`` loses at
 most that many steps. Data is synthetic: nothing is downloaded.
+
+A drifting job (issue 14): ``--curriculum 0:64,40:128`` trains at sequence length 64, then
+at 128 from step 40, so the op sequence changes mid-training. With ``VIGIL_SWAP=1`` and a
+``VIGIL_MEMORY_BUDGET_BYTES`` below the longer length's peak, Vigil sees the drift and sends
+an activation-swap policy that the ranks apply (``vigil demo --swap`` tells the story).
+``--modelled-peaks`` prints, per length, what one unmodified step needs (parameters,
+gradients and optimizer state, plus saved activations at their peak), without training::
+
+    python examples/train_tiny_gpt.py --curriculum 0:64,40:128 --dim 32 --modelled-peaks
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import threading
@@ -59,11 +69,51 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def parse_args() -> argparse.Namespace:
+def curriculum(text: str) -> list[tuple[int, int]]:
+    """``"0:64,40:128"`` → ``[(0, 64), (40, 128)]``: (from step, sequence length), by step."""
+    try:
+        stages = sorted((int(a), int(b)) for a, b in (part.split(":") for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEP:LENGTH,…, not {text!r}") from None
+    if not stages or stages[0][0] != 0 or any(seq < 1 for _, seq in stages):
+        raise argparse.ArgumentTypeError("the first stage starts at step 0; lengths are >= 1")
+    return stages
+
+
+def seq_at(args: argparse.Namespace, step: int) -> int:
+    """The sequence length of ``step``: the curriculum's stage, else ``--seq``."""
+    stages: list[tuple[int, int]] = args.curriculum or [(0, args.seq)]
+    return next(seq for start, seq in reversed(stages) if step >= start)
+
+
+def longest(args: argparse.Namespace) -> int:
+    stages: list[tuple[int, int]] = args.curriculum or [(0, args.seq)]
+    return max(seq for _, seq in stages)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
+    p.add_argument(
+        "--curriculum",
+        type=curriculum,
+        default=None,
+        help="sequence length by step, STEP:LENGTH,… (e.g. 0:64,40:128); overrides --seq",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: each rank trains on GPU LOCAL_RANK (modulo the count); gloo still "
+        "carries the gradients",
+    )
+    p.add_argument(
+        "--modelled-peaks",
+        action="store_true",
+        help="print each length's modelled peak memory per rank (JSON) and exit",
+    )
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -83,7 +133,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="don't call vigil.step(): steps then come from the optimizer hook",
     )
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def latest_checkpoint(ckpt_dir: Path | None) -> Path | None:
@@ -111,27 +161,80 @@ def init_group(timeout: timedelta) -> None:
     )
 
 
+def train_step(
+    net: nn.Module, model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward ``net`` (the model or its DDP wrapper), backward, clip, update; (loss, norm)."""
+    logits = net(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss, grad_norm
+
+
+def modelled_peaks(args: argparse.Namespace) -> dict[int, dict[str, int]]:
+    """Per sequence length of the run, one unmodified training step as the swap simulator
+    models it: ``base`` (parameters, gradients, optimizer state) and ``peak`` (base plus the
+    saved activations at their peak), in bytes per rank. Profiles a fresh model in this
+    process (``collector.integrations.profile``, ``detectors.swap.simulate``)."""
+    lengths = sorted({seq for _, seq in args.curriculum or [(0, args.seq)]})
+    return {seq: _modelled_peak(args, seq) for seq in lengths}
+
+
+def _modelled_peak(args: argparse.Namespace, seq: int) -> dict[str, int]:
+    from collector.integrations.profile import capture_profile
+    from detectors.swap import simulate
+
+    torch.manual_seed(0)
+    model = TinyGPT(args.vocab, args.dim, args.layers, args.heads, longest(args))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    tokens = torch.randint(0, args.vocab, (args.batch, seq + 1))
+
+    def step() -> None:
+        train_step(model, model, opt, tokens, args.vocab)
+
+    step()  # the optimizer's state exists, as in training
+    prof = capture_profile(step, module=model, optimizer=opt)
+    base = prof["param_bytes"] + prof["grad_bytes"] + prof["optimizer_bytes"]
+    peak = simulate(prof, None, bandwidth_bytes_per_s=math.inf).peak_bytes
+    return {"base": int(base), "peak": int(peak)}
+
+
+def pick_device(kind: str) -> torch.device:
+    if kind == "cpu":
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
+    if args.modelled_peaks:
+        print(json.dumps(modelled_peaks(args)))
+        return
     init_group(timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
     vigil.init()  # configured by VIGIL_* (vigil run sets them); a no-op without an endpoint
 
     torch.manual_seed(0)
-    model = TinyGPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
+    device = pick_device(args.device)
+    model = TinyGPT(args.vocab, args.dim, args.layers, args.heads, longest(args)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = 0
     ckpt = latest_checkpoint(args.ckpt_dir)
     if ckpt is not None:
-        state = torch.load(ckpt, weights_only=True)
+        state = torch.load(ckpt, weights_only=True, map_location=device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = state["step"] + 1
         vigil.event("checkpoint_loaded", step=state["step"], path=str(ckpt))
         if rank == 0:
             print(f"resumed from {ckpt} at step {start}", flush=True)
-    ddp = DDP(model)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     ckpt_lock, rolling_back = threading.Lock(), [False]
 
@@ -177,15 +280,11 @@ def main() -> None:
     started = time.perf_counter()
     for step in range(start, args.steps):
         step_now[0] = step
-        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen)
+        seq = seq_at(args, step)
+        tokens = torch.randint(0, args.vocab, (args.batch, seq + 1), generator=gen).to(device)
         marker = vigil.step(step) if not args.no_step_marks else _nullcontext()
         with marker:
-            logits = ddp(tokens[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            loss, grad_norm = train_step(ddp, model, opt, tokens, args.vocab)
         vigil.log(loss=loss.item(), grad_norm=float(grad_norm), tokens=tokens.numel())
         save(step)
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):

@@ -47,6 +47,7 @@ __all__ = [
     "create_action",
     "dispatch_for_rank",
     "expire_actions",
+    "expire_for",
     "get_action",
     "job_attempt",
     "list_actions",
@@ -187,6 +188,22 @@ def expire_actions(*, session: Session, now: datetime | None = None) -> list[Act
         transition(session=session, action=action, to="expired", actor=SYSTEM_ACTOR, now=now)
     session.flush()
     return expired
+
+
+def expire_for(
+    *, session: Session, action: Action, reason: str, now: datetime | None = None
+) -> None:
+    """Expire one open action because what it was for is gone (its run ended, its incident
+    resolved): ``result.expired_because`` and the audit entry say why."""
+    action.result = {**(action.result or {}), "expired_because": reason}
+    transition(
+        session=session,
+        action=action,
+        to="expired",
+        actor=SYSTEM_ACTOR,
+        now=now or utcnow(),
+        reason=reason,
+    )
 
 
 def _targets(action: Action, rank: int) -> bool:

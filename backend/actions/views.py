@@ -14,8 +14,10 @@ from backend.actions.models import Action
 from backend.actions.schemas import ActionCreate, ActionOut
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
+from backend.db import utcnow
 from backend.deps import RowId, SessionDep
 from backend.errors import NotFound, errors
+from backend.jobs.runs import require_live
 from backend.jobs.service import require_job_id
 
 router = APIRouter(prefix="/api/v1", tags=["actions"])
@@ -43,10 +45,13 @@ def create_action(
     principal: Annotated[Principal, Depends(require_scope("admin"))],
 ) -> Any:
     """Trigger an action on the job's ranks. Ranks receive it in their next ingest reply.
-    A repeated `idempotency_key` returns the existing action with 200."""
+    A repeated `idempotency_key` returns the existing action with 200. 409 when no rank
+    could receive it: the job's run ended, or none of its ranks is reporting."""
+    job_id = require_job_id(session=session, name=job)
+    require_live(session=session, job_id=job_id, now=utcnow())
     action, created = service.create_action(
         session=session,
-        job_id=require_job_id(session=session, name=job),
+        job_id=job_id,
         kind=body.kind,
         requested_by=f"api:{principal.name}",
         target_ranks=body.target_ranks,

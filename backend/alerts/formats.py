@@ -98,6 +98,39 @@ def _description(incident: Incident, job: str) -> str:
     return ", ".join(bits)
 
 
+def alert_labels(incident: Incident, job: str) -> dict[str, str]:
+    """An incident's Alertmanager labels (also what receivers group by)."""
+    return {
+        "alertname": alertname(incident.kind),
+        "job": job,
+        "kind": incident.kind,
+        "severity": incident.severity,
+        "ranks": format_ranks(incident.ranks),
+        "incident_id": str(incident.id),
+        "source": "vigil",
+    }
+
+
+def alertmanager_alert(
+    *, incident: Incident, job: str, status: str, public_url: str, now: datetime
+) -> dict[str, Any]:
+    """One alert of an Alertmanager payload's ``alerts`` list."""
+    annotations = {
+        "summary": incident.summary or _description(incident, job),
+        "description": _description(incident, job),
+    }
+    ends = incident.resolved_at or now
+    return {
+        "status": status,
+        "labels": alert_labels(incident, job),
+        "annotations": annotations,
+        "startsAt": rfc3339(incident.detected_at),
+        "endsAt": rfc3339(ends) if status == "resolved" else ZERO_TIME,
+        "generatorURL": incident_url(public_url, incident.id),
+        "fingerprint": alert_fingerprint(incident.fingerprint),
+    }
+
+
 def alertmanager(
     *,
     incident: Incident,
@@ -107,50 +140,44 @@ def alertmanager(
     public_url: str,
     now: datetime,
 ) -> dict[str, Any]:
-    """Alertmanager's webhook payload (version 4) with one alert for the incident."""
-    labels = {
-        "alertname": alertname(incident.kind),
-        "job": job,
-        "kind": incident.kind,
-        "severity": incident.severity,
-        "ranks": format_ranks(incident.ranks),
-        "incident_id": str(incident.id),
-        "source": "vigil",
-    }
-    annotations = {
-        "summary": incident.summary or _description(incident, job),
-        "description": _description(incident, job),
-    }
-    ends = incident.resolved_at or now
-    alert = {
-        "status": status,
-        "labels": labels,
-        "annotations": annotations,
-        "startsAt": rfc3339(incident.detected_at),
-        "endsAt": rfc3339(ends) if status == "resolved" else ZERO_TIME,
-        "generatorURL": incident_url(public_url, incident.id),
-        "fingerprint": alert_fingerprint(incident.fingerprint),
-    }
-    return _alertmanager_group(receiver, public_url, status, alert)
+    """Alertmanager's webhook payload (version 4) with one alert for the incident, grouped
+    by ``alertname``, ``job`` and ``incident_id`` (a group of its own)."""
+    alert = alertmanager_alert(
+        incident=incident, job=job, status=status, public_url=public_url, now=now
+    )
+    return alertmanager_group(receiver, public_url, status, [alert])
 
 
-def _alertmanager_group(
-    receiver: str, public_url: str, status: str, alert: dict[str, Any]
+def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
+    """The key/value pairs every dict has (Alertmanager's commonLabels/commonAnnotations)."""
+    first, *rest = dicts
+    return {k: v for k, v in first.items() if all(d.get(k) == v for d in rest)}
+
+
+def alertmanager_group(
+    receiver: str,
+    public_url: str,
+    status: str,
+    alerts: list[dict[str, Any]],
+    group_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    labels = alert["labels"]
-    group = {k: labels[k] for k in ("alertname", "job", "incident_id") if k in labels}
-    group_key = "{}:{" + ", ".join(f"{k}={json.dumps(v)}" for k, v in group.items()) + "}"
+    """The payload for a group of alerts; ``group_labels`` default to the first alert's
+    ``alertname``, ``job`` and ``incident_id`` (a one-incident group)."""
+    labels = alerts[0]["labels"]
+    if group_labels is None:
+        group_labels = {k: labels[k] for k in ("alertname", "job", "incident_id") if k in labels}
+    group_key = "{}:{" + ", ".join(f"{k}={json.dumps(v)}" for k, v in group_labels.items()) + "}"
     return {
         "version": "4",
         "groupKey": group_key,
         "truncatedAlerts": 0,
         "status": status,
         "receiver": receiver,
-        "groupLabels": group,
-        "commonLabels": dict(labels),
-        "commonAnnotations": dict(alert["annotations"]),
+        "groupLabels": dict(group_labels),
+        "commonLabels": _common([a["labels"] for a in alerts]),
+        "commonAnnotations": _common([a["annotations"] for a in alerts]),
         "externalURL": public_url.rstrip("/"),
-        "alerts": [alert],
+        "alerts": alerts,
     }
 
 
@@ -276,7 +303,7 @@ def build_test_payload(
             "generatorURL": public_url.rstrip("/") + "/",
             "fingerprint": alert_fingerprint(f"test:{receiver}"),
         }
-        return _alertmanager_group(receiver, public_url, "firing", alert)
+        return alertmanager_group(receiver, public_url, "firing", [alert])
     if fmt == "slack":
         return {"text": slack_escape(text), "blocks": [_section(f":wave: {slack_escape(text)}")]}
     if fmt == "generic":

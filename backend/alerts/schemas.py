@@ -14,11 +14,19 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backend.alerts import formats
-from backend.alerts.models import RECEIVER_FORMATS, WebhookReceiver
+from backend.alerts.models import (
+    DEFAULT_GROUP_WAIT_S,
+    GROUP_LABELS,
+    RECEIVER_FORMATS,
+    Silence,
+    WebhookReceiver,
+)
+from backend.deps import MAX_ROW_ID
 from backend.incidents.models import INCIDENT_KINDS, SEVERITIES
 
 MASK = "***"
 MAX_REPEAT_S = 30 * 86_400
+MAX_GROUP_WAIT_S = 3600
 Name = Annotated[str, Field(min_length=1, max_length=200, examples=["oncall-alertmanager"])]
 Url = Annotated[str, Field(min_length=1, max_length=2000, examples=["https://hooks.example.com/x"])]
 
@@ -95,6 +103,16 @@ class _Checked(BaseModel):
     def _check_severities(cls, value: list[str] | None) -> list[str] | None:
         return _subset(value, SEVERITIES, "severities")
 
+    @field_validator("group_by", check_fields=False)
+    @classmethod
+    def _check_group_by(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - set(GROUP_LABELS))
+        if unknown:
+            raise ValueError(f"unknown labels {unknown}; known: {', '.join(GROUP_LABELS)}")
+        return [k for k in GROUP_LABELS if k in value]  # one order: one group key
+
 
 class WebhookCreate(_Checked):
     name: Name
@@ -115,6 +133,18 @@ class WebhookCreate(_Checked):
     repeat_interval_s: int = Field(
         4 * 3600, ge=0, le=MAX_REPEAT_S, description="Remind while open; 0 = never."
     )
+    group_by: list[str] | None = Field(
+        None,
+        description="Labels that group incidents into one notification (alertname, job, "
+        "kind, severity, incident_id; `[]`: one group). Null: `[job]`, or `[incident_id]` "
+        "(no grouping) for the generic format.",
+    )
+    group_wait_s: int = Field(
+        DEFAULT_GROUP_WAIT_S,
+        ge=0,
+        le=MAX_GROUP_WAIT_S,
+        description="How long a new group waits for more incidents before it is sent.",
+    )
     enabled: bool = True
 
 
@@ -132,12 +162,22 @@ class WebhookUpdate(_Checked):
     severities: list[str] | None = None
     send_resolved: bool | None = None
     repeat_interval_s: Annotated[int, Field(ge=0, le=MAX_REPEAT_S)] | None = None
+    group_by: list[str] | None = None
+    group_wait_s: Annotated[int, Field(ge=0, le=MAX_GROUP_WAIT_S)] | None = None
     enabled: bool | None = None
 
     def changes(self) -> dict[str, Any]:
         """The fields the client sent; null is refused where it has no meaning."""
         sent = {k: getattr(self, k) for k in self.model_fields_set}
-        not_null = ("name", "url", "format", "headers", "send_resolved", "repeat_interval_s")
+        not_null = (
+            "name",
+            "url",
+            "format",
+            "headers",
+            "send_resolved",
+            "repeat_interval_s",
+            "group_wait_s",
+        )
         for key in not_null:
             if key in sent and sent[key] is None:
                 raise ValueError(f"{key}: may not be null")
@@ -173,6 +213,8 @@ class WebhookOut(BaseModel):
     severities: list[str] | None
     send_resolved: bool
     repeat_interval_s: int
+    group_by: list[str] = Field(description="In effect (the format's default when unset).")
+    group_wait_s: int
     enabled: bool
     created_at: datetime
     updated_at: datetime
@@ -191,6 +233,8 @@ class WebhookOut(BaseModel):
             severities=row.severities,
             send_resolved=row.send_resolved,
             repeat_interval_s=row.repeat_interval_s,
+            group_by=row.group_by,
+            group_wait_s=row.group_wait_s,
             enabled=row.enabled,
             created_at=row.created_at,
             updated_at=row.updated_at,
@@ -208,7 +252,10 @@ class DeliveryOut(BaseModel):
 
     id: int
     receiver_id: int
-    incident_id: int | None
+    incident_id: int | None = Field(description="The group's first incident.")
+    incident_ids: list[int] = Field(
+        default_factory=list, description="Every incident in the notification (its group)."
+    )
     status: str = Field(description="firing | resolved | test")
     state: str = Field(description="pending | sending | delivered | failed")
     webhook_id: str
@@ -220,3 +267,76 @@ class DeliveryOut(BaseModel):
     created_at: datetime
     delivered_at: datetime | None
     payload: dict[str, Any]
+
+
+# --- silences ------------------------------------------------------------------------------
+
+
+class Matchers(BaseModel):
+    """What a silence mutes: all matchers given must match (at least one)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    job: str | None = Field(
+        None, min_length=1, max_length=200, description="Job name, or a glob (`llama-*`)."
+    )
+    kind: str | None = Field(None, description="Incident kind.")
+    severity: str | None = Field(None, description="info | warning | critical")
+    rank: int | None = Field(None, ge=0, le=MAX_ROW_ID, description="The incident names it.")
+
+    @field_validator("kind")
+    @classmethod
+    def _check_kind(cls, value: str | None) -> str | None:
+        if value is not None and value not in INCIDENT_KINDS:
+            raise ValueError(f"unknown kind {value!r}; known: {', '.join(INCIDENT_KINDS)}")
+        return value
+
+    @field_validator("severity")
+    @classmethod
+    def _check_severity(cls, value: str | None) -> str | None:
+        if value is not None and value not in SEVERITIES:
+            raise ValueError(f"unknown severity {value!r}; known: {', '.join(SEVERITIES)}")
+        return value
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class SilenceCreate(BaseModel):
+    """A silence ends at ``ends_at`` or after ``duration_s`` (give one of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    matchers: Matchers
+    starts_at: datetime | None = Field(None, description="Default: now.")
+    ends_at: datetime | None = Field(None, description="With a time zone.")
+    duration_s: int | None = Field(
+        None, ge=60, le=365 * 86_400, strict=True, description="From `starts_at` (or now)."
+    )
+    comment: str = Field("", max_length=2000, description="Why (shown on the incidents).")
+
+
+class SilenceOut(BaseModel):
+    id: int
+    matchers: dict[str, Any]
+    state: str = Field(description="pending | active | expired")
+    starts_at: datetime
+    ends_at: datetime
+    created_by: str
+    comment: str
+    created_at: datetime
+    expired_by: str | None
+
+    @classmethod
+    def of(cls, row: Silence, now: datetime) -> SilenceOut:
+        return cls(
+            id=row.id,
+            matchers=row.matchers,
+            state=row.state(now),
+            starts_at=row.starts_at,
+            ends_at=row.ends_at,
+            created_by=row.created_by,
+            comment=row.comment,
+            created_at=row.created_at,
+            expired_by=row.expired_by,
+        )

@@ -8,9 +8,15 @@ change it reports (``backend.alerts.sender`` posts it afterwards, outside any tr
                                 resolved=changes.resolved, public_url=settings.public_url)
     # commit, then: for d in deliveries: send_one(factory, settings=settings, delivery_id=d.id)
 
-and periodically, for incidents that stay open (Alertmanager's ``repeat_interval``):
+and periodically, for incidents that stay open (Alertmanager's ``repeat_interval``), and for
+open incidents a receiver never heard of (added later, a silence ended):
 
     remind_open(session=session, public_url=settings.public_url)
+    catch_up(session=session, public_url=settings.public_url)
+
+Notifications are grouped per receiver (``backend.alerts.grouping``: ``group_by`` labels,
+``group_wait_s``); silenced incidents are not notified (``backend.alerts.silences``);
+acknowledged ones get no reminders.
 
 Signing secrets and extra header values are stored sealed (``backend.alerts.sealing``);
 ``receiver.secret`` and ``receiver.headers`` give them in clear.
@@ -31,8 +37,13 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from backend.alerts import formats, sealing
-from backend.alerts.models import WebhookDelivery, WebhookReceiver
+from backend.alerts import formats, grouping, sealing, silences
+from backend.alerts.models import (
+    DEFAULT_GROUP_WAIT_S,
+    DeliveryIncident,
+    WebhookDelivery,
+    WebhookReceiver,
+)
 from backend.db import utcnow
 from backend.errors import Conflict, Invalid
 from backend.incidents.models import Incident
@@ -50,6 +61,8 @@ RECEIVER_FIELDS = (
     "severities",
     "send_resolved",
     "repeat_interval_s",
+    "group_by",
+    "group_wait_s",
     "enabled",
 )
 RECEIVER_DEFAULTS: dict[str, Any] = {
@@ -57,6 +70,8 @@ RECEIVER_DEFAULTS: dict[str, Any] = {
     "headers": {},
     "send_resolved": True,
     "repeat_interval_s": 4 * 3600,
+    "group_by": None,
+    "group_wait_s": DEFAULT_GROUP_WAIT_S,
     "enabled": True,
 }
 
@@ -213,36 +228,16 @@ def _delivery(
     )
 
 
-def _for_incident(
-    receiver: WebhookReceiver,
-    incident: Incident,
-    job: str,
-    status: str,
-    *,
-    now: datetime,
-    public_url: str,
-) -> WebhookDelivery:
-    payload = formats.build(
-        receiver.format,
-        incident=incident,
-        job=job,
-        status=status,
-        receiver=receiver.name,
-        public_url=public_url,
-        now=now,
-    )
-    # Plain JSON only (no NaN, no datetimes): what is stored is exactly what is sent.
-    return _delivery(receiver, incident, status, formats.jsonable(payload), now)
-
-
 def _notified(session: Session, incident_ids: list[int]) -> set[tuple[int, int]]:
     """(receiver id, incident id) pairs that were sent a firing notification."""
     if not incident_ids:
         return set()
-    query = select(WebhookDelivery.receiver_id, WebhookDelivery.incident_id).where(
-        WebhookDelivery.status == "firing", WebhookDelivery.incident_id.in_(incident_ids)
+    query = (
+        select(WebhookDelivery.receiver_id, DeliveryIncident.incident_id)
+        .join(DeliveryIncident, DeliveryIncident.delivery_id == WebhookDelivery.id)
+        .where(WebhookDelivery.status == "firing", DeliveryIncident.incident_id.in_(incident_ids))
     )
-    return {(r, i) for r, i in session.execute(query) if i is not None}
+    return {(r, i) for r, i in session.execute(query)}
 
 
 def notify_changes(
@@ -253,11 +248,13 @@ def notify_changes(
     now: datetime | None = None,
     public_url: str,
 ) -> list[WebhookDelivery]:
-    """One pending delivery per incident state change and receiver.
+    """Pending deliveries for incident state changes, grouped per receiver
+    (``backend.alerts.grouping``); returns the deliveries made or joined.
 
-    - opened: a ``firing`` delivery to every enabled receiver whose filters match;
-    - resolved: a ``resolved`` delivery to every enabled ``send_resolved`` receiver that was
-      told it fired (even if its filters no longer match, e.g. the severity changed, so no
+    - opened: ``firing`` to every enabled receiver whose filters match, unless an active
+      silence matches the incident (it stays open, unannounced);
+    - resolved: ``resolved`` to every enabled ``send_resolved`` receiver that was told it
+      fired (even if its filters no longer match, e.g. the severity changed, so no
       receiver is left with an alert that never ends). An incident that opened already
       resolved (a transient episode) gets both, firing first.
     """
@@ -266,56 +263,54 @@ def notify_changes(
     if not receivers or not (opened or resolved):
         return []
     jobs = _job_names(session, [*opened, *resolved])
-    created: list[WebhookDelivery] = []
-    done: set[int] = set()
-    for incident in opened:
-        if incident.id in done:
-            continue
-        done.add(incident.id)
+    active = silences.active_silences(session=session, now=now)
+    items: list[grouping.Item] = []
+    for incident in {i.id: i for i in opened}.values():
         job = jobs.get(incident.job_id, "")
-        for receiver in receivers:
-            if matches(receiver, incident, job):
-                delivery = _for_incident(
-                    receiver, incident, job, "firing", now=now, public_url=public_url
-                )
-                created.append(delivery)
-    session.add_all(created)
-    session.flush()
+        if silences.silencing(active, incident, job):
+            continue
+        items.extend(
+            (receiver, incident, job, "firing")
+            for receiver in receivers
+            if matches(receiver, incident, job)
+        )
+    created = grouping.enqueue(session, items, now=now, public_url=public_url)
 
     ending = {i.id: i for i in [*opened, *resolved] if i.status == "resolved"}
     notified = _notified(session, list(ending))
-    later: list[WebhookDelivery] = []
-    for incident in ending.values():
-        job = jobs.get(incident.job_id, "")
-        for receiver in receivers:
-            if receiver.send_resolved and (receiver.id, incident.id) in notified:
-                delivery = _for_incident(
-                    receiver, incident, job, "resolved", now=now, public_url=public_url
-                )
-                later.append(delivery)
-    session.add_all(later)
-    session.flush()
-    return created + later
+    items = [
+        (receiver, incident, jobs.get(incident.job_id, ""), "resolved")
+        for incident in ending.values()
+        for receiver in receivers
+        if receiver.send_resolved and (receiver.id, incident.id) in notified
+    ]
+    return created + grouping.enqueue(session, items, now=now, public_url=public_url)
 
 
 def remind_open(
     *, session: Session, now: datetime | None = None, public_url: str
 ) -> list[WebhookDelivery]:
-    """A new ``firing`` delivery for each open incident whose last firing delivery to a
+    """A new ``firing`` notification for each open incident whose last firing one to a
     matching receiver is older than that receiver's ``repeat_interval_s`` (0 = never).
 
-    Incidents never notified get nothing here: ``notify_changes`` sends the first one.
+    Incidents never notified get nothing here (``notify_changes`` and ``catch_up`` send
+    the first one); acknowledged and silenced incidents get no reminders.
     """
     now = now or utcnow()
     last = (
         select(
             WebhookDelivery.receiver_id,
-            WebhookDelivery.incident_id,
+            DeliveryIncident.incident_id,
             func.max(WebhookDelivery.created_at).label("last_at"),
         )
-        .join(Incident, Incident.id == WebhookDelivery.incident_id)
-        .where(WebhookDelivery.status == "firing", Incident.status == "open")
-        .group_by(WebhookDelivery.receiver_id, WebhookDelivery.incident_id)
+        .join(DeliveryIncident, DeliveryIncident.delivery_id == WebhookDelivery.id)
+        .join(Incident, Incident.id == DeliveryIncident.incident_id)
+        .where(
+            WebhookDelivery.status == "firing",
+            Incident.status == "open",
+            Incident.acked_at.is_(None),
+        )
+        .group_by(WebhookDelivery.receiver_id, DeliveryIncident.incident_id)
     )
     rows = session.execute(last).all()
     if not rows:
@@ -326,22 +321,72 @@ def remind_open(
         for i in session.scalars(select(Incident).where(Incident.id.in_({r[1] for r in rows})))
     }
     jobs = _job_names(session, incidents.values())
-    created: list[WebhookDelivery] = []
+    active = silences.active_silences(session=session, now=now)
+    items: list[grouping.Item] = []
     for receiver_id, incident_id, last_at in rows:
         receiver = receivers.get(receiver_id)
-        incident = incidents.get(incident_id) if incident_id is not None else None
+        incident = incidents.get(incident_id)
         if receiver is None or incident is None or receiver.repeat_interval_s <= 0:
             continue
         if last_at > now - timedelta(seconds=receiver.repeat_interval_s):
             continue
         job = jobs.get(incident.job_id, "")
-        if matches(receiver, incident, job):
-            created.append(
-                _for_incident(receiver, incident, job, "firing", now=now, public_url=public_url)
-            )
-    session.add_all(created)
-    session.flush()
-    return created
+        if matches(receiver, incident, job) and not silences.silencing(active, incident, job):
+            items.append((receiver, incident, job, "firing"))
+    return grouping.enqueue(session, items, now=now, public_url=public_url)
+
+
+def send_open(
+    *,
+    session: Session,
+    receiver: WebhookReceiver,
+    public_url: str,
+    again: bool = False,
+    wait_s: int | None = None,
+    now: datetime | None = None,
+) -> list[WebhookDelivery]:
+    """``firing`` notifications to ``receiver`` for the incidents open now that its
+    filters match and no silence mutes (grouped as usual). Without ``again``, only those
+    it was never told of (a new receiver, a widened filter, a silence that ended); with
+    it, all of them (the "send open incidents" button). Slowdowns linked as another
+    incident's consequence are left out, as when they opened. ``wait_s``: as in
+    ``grouping.enqueue`` (0: due now). ``Conflict`` for a disabled receiver."""
+    if not receiver.enabled:
+        raise Conflict(f"webhook receiver {receiver.name!r} is disabled: enable it first")
+    now = now or utcnow()
+    rows = session.execute(
+        select(Incident, Job.name)
+        .join(Job, Job.id == Incident.job_id)
+        .where(Incident.status == "open")
+        .order_by(Incident.id)
+    ).all()
+    told = (
+        set()
+        if again
+        else {i for r, i in _notified(session, [r.id for r, _ in rows]) if r == receiver.id}
+    )
+    active = silences.active_silences(session=session, now=now)
+    items: list[grouping.Item] = [
+        (receiver, row, job, "firing")
+        for row, job in rows
+        if row.id not in told
+        and not (row.evidence or {}).get("consequence_of")
+        and matches(receiver, row, job)
+        and not silences.silencing(active, row, job)
+    ]
+    return grouping.enqueue(session, items, now=now, public_url=public_url, wait_s=wait_s)
+
+
+def catch_up(
+    *, session: Session, public_url: str, now: datetime | None = None
+) -> list[WebhookDelivery]:
+    """``send_open`` for every enabled receiver: the periodic pass that tells receivers of
+    open incidents they never heard of (added later, filter widened, silence ended)."""
+    now = now or utcnow()
+    out: list[WebhookDelivery] = []
+    for receiver in _enabled_receivers(session):
+        out.extend(send_open(session=session, receiver=receiver, public_url=public_url, now=now))
+    return out
 
 
 def create_test_delivery(

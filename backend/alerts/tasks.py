@@ -1,5 +1,7 @@
 """Webhook delivery as tasks: one right after an incident changes, and a periodic pass
-that retries what failed (with the backoff the sender set) and sends reminders.
+that retries what failed (with the backoff the sender set) and sends what waited its
+group's ``group_wait``; another sends reminders, and tells receivers of open incidents
+they never heard of (a new receiver, a silence that ended: ``service.catch_up``).
 
     queue_deliveries([41, 42])   # after the commit that wrote them to the outbox
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from backend.alerts.sender import send_due, send_one
-from backend.alerts.service import remind_open
+from backend.alerts.service import catch_up, remind_open
 from backend.celery_app import redis_lock, runtime, vigil_task
 from backend.db import session_scope
 
@@ -52,5 +54,8 @@ def remind_open_incidents() -> None:
         if not got:
             return
         with session_scope(rt.factory, write=True) as session:
-            ids = [d.id for d in remind_open(session=session, public_url=rt.settings.public_url)]
+            public_url = rt.settings.public_url
+            made = remind_open(session=session, public_url=public_url)
+            made += catch_up(session=session, public_url=public_url)
+            ids = [d.id for d in made]
     queue_deliveries(ids)

@@ -4,17 +4,21 @@
          -d '{"name": "oncall", "url": "https://oncall.example.com/hook", "kinds": ["hang"]}'
     curl -X POST $VIGIL/api/v1/webhooks/1/test -H "Authorization: Bearer $ADMIN"
     curl $VIGIL/api/v1/webhooks/1/deliveries -H "Authorization: Bearer $READ"
+    curl -X POST $VIGIL/api/v1/webhooks/1/send-open -H "Authorization: Bearer $ADMIN"
+
+A new receiver is sent the incidents open when it is made (grouped, due at once); the
+silences' routes (``backend.alerts.silence_views``) are mounted on this router too.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
-from backend.alerts import sender, service
-from backend.alerts.models import WebhookReceiver
+from backend.alerts import grouping, sender, service, silence_views
+from backend.alerts.models import WebhookDelivery, WebhookReceiver
 from backend.alerts.schemas import (
     DeliveryOut,
     WebhookCreate,
@@ -22,6 +26,7 @@ from backend.alerts.schemas import (
     WebhookOut,
     WebhookUpdate,
 )
+from backend.alerts.tasks import queue_deliveries
 from backend.auth.deps import require_scope
 from backend.db import session_scope
 from backend.deps import RowId, SessionDep
@@ -30,6 +35,7 @@ from backend.errors import Invalid, NotFound, errors
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
 READ = [Depends(require_scope("read"))]
 ADMIN = [Depends(require_scope("admin"))]
+router.include_router(silence_views.router)
 
 
 def _receiver(session: Session, receiver_id: int) -> WebhookReceiver:
@@ -52,12 +58,22 @@ def list_webhooks(session: SessionDep) -> Any:
     dependencies=ADMIN,
     responses=errors(409),
 )
-def create_webhook(body: WebhookCreate, session: SessionDep) -> Any:
+def create_webhook(
+    body: WebhookCreate, request: Request, session: SessionDep, background: BackgroundTasks
+) -> Any:
     """Add a receiver. For the `generic` format a signing secret is generated when none is
-    given; it is returned here, once, and never again. 409 if the name is taken."""
+    given; it is returned here, once, and never again. An enabled receiver is sent the
+    incidents open now (that its filters match and no silence mutes). 409 if the name is
+    taken."""
     fields = body.model_dump(exclude={"name", "url"})
     generated = body.format == "generic" and body.secret is None
     receiver = service.create_receiver(session=session, name=body.name, url=body.url, **fields)
+    if receiver.enabled:
+        public_url = request.app.state.settings.public_url
+        sent = service.send_open(
+            session=session, receiver=receiver, public_url=public_url, wait_s=0
+        )
+        background.add_task(queue_deliveries, [d.id for d in sent])
     out = WebhookOut.of(receiver).model_dump()
     return WebhookCreated(**out, secret=receiver.secret if generated else None)
 
@@ -122,6 +138,34 @@ def send_test_notification(receiver_id: RowId, request: Request) -> Any:
         )
 
 
+@router.post(
+    "/webhooks/{receiver_id}/send-open",
+    response_model=list[DeliveryOut],
+    dependencies=ADMIN,
+    responses=errors(404, 409),
+)
+def send_open_incidents(
+    receiver_id: RowId, request: Request, session: SessionDep, background: BackgroundTasks
+) -> Any:
+    """Send the receiver every incident open now that its filters match and no silence
+    mutes, grouped as usual and due at once (told of them before or not). Returns the
+    deliveries; `[]` when nothing is open. 409 for a disabled receiver."""
+    receiver = _receiver(session, receiver_id)
+    public_url = request.app.state.settings.public_url
+    sent = service.send_open(
+        session=session, receiver=receiver, public_url=public_url, again=True, wait_s=0
+    )
+    background.add_task(queue_deliveries, [d.id for d in sent])
+    return _deliveries_out(session, sent)
+
+
+def _deliveries_out(session: Session, rows: list[WebhookDelivery]) -> list[DeliveryOut]:
+    ids = grouping.incident_ids(session, [r.id for r in rows])
+    return [
+        DeliveryOut.model_validate(r).model_copy(update={"incident_ids": ids[r.id]}) for r in rows
+    ]
+
+
 @router.get(
     "/webhooks/{receiver_id}/deliveries",
     response_model=list[DeliveryOut],
@@ -136,4 +180,4 @@ def list_webhook_deliveries(
     """The delivery log, newest first: state, attempts, response code and error of each."""
     _receiver(session, receiver_id)
     rows = service.list_deliveries(session=session, receiver_id=receiver_id, limit=limit)
-    return [DeliveryOut.model_validate(r) for r in rows]
+    return _deliveries_out(session, rows)

@@ -8,8 +8,10 @@ Actors: ``policy`` (the recovery policy), ``api:<token name>`` (a person over RE
 ``rank:<n>`` (a rank reporting on an action), ``system`` (periodic sweeps). Events:
 ``created``, ``proposed``, ``approved``, ``cancelled``, ``expired``, ``blocked``,
 ``skipped``, ``no_action``, ``error``, ``policy_set``, and the states ranks report
-(``acked``, ``succeeded``, ``failed``). An action's state changes are written by
-:func:`backend.actions.states.transition`, never by hand.
+(``acked``, ``succeeded``, ``failed``); people handling incidents
+(``backend.incidents.handling``, ``backend.alerts.silences``): ``acknowledged``,
+``unacknowledged``, ``resolved``, ``silence_created``, ``silence_expired``. An action's
+state changes are written by :func:`backend.actions.states.transition`, never by hand.
 """
 
 from __future__ import annotations

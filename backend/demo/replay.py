@@ -2,7 +2,9 @@
 
 The job is Alibaba PAI's ``job_1`` (examples/data/pai_minibatch, CC-BY 4.0): per-worker
 mini-batch times of a real 10-worker training job in which worker 6 turns into a straggler
-around iterations 1800-2000. It goes through the same ingest API a collector uses.
+around iterations 1800-2000. It goes through the same ingest API a collector uses, as one
+run of the job (a replay again is another run), and, like a collector at the end of a job,
+each worker says goodbye with exit code 0: the run finished, nothing crashed.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ def load_pai_trace(path: Path = PAI_TRACE) -> dict[int, list[tuple[int, float]]]
 
 
 def pai_batches(job: str = DEMO_JOB, *, now: float | None = None) -> list[dict[str, Any]]:
-    """The trace as ingest batches, one rank's steps at a time, ending at ``now``."""
+    """The trace as ingest batches, one rank's steps at a time, ending at ``now``; each
+    worker's last batch carries its goodbye (the job ended there)."""
     trace = load_pai_trace()
     world = len(trace)
     now = time.time() if now is None else now
+    run = f"replay-{uuid.uuid4().hex[:12]}"
     batches = []
     for worker, rows in sorted(trace.items()):
         # Samples are ~10 iterations apart; time advances by the iterations in between.
@@ -64,11 +68,15 @@ def pai_batches(job: str = DEMO_JOB, *, now: float | None = None) -> list[dict[s
         for i in range(0, len(events), STEPS_PER_BATCH):
             chunk = events[i : i + STEPS_PER_BATCH]
             last = chunk[-1]
-            chunk.append({"type": "heartbeat", "ts": last["ts"], "step": last["step"] + 1})
+            beat = {"type": "heartbeat", "ts": last["ts"], "step": last["step"] + 1}
+            if i + STEPS_PER_BATCH >= len(events):  # the worker's last batch: it exits
+                beat.update(exiting=True, exit_code=0)
+            chunk.append(beat)
             batches.append(
                 {
                     "batch_id": str(uuid.uuid4()),
                     "job": job,
+                    "run": run,
                     "kind": "training",
                     "rank": worker,
                     "world_size": world,
@@ -119,7 +127,8 @@ def _replay(console: Console, vigil: DemoServer) -> None:
 
     console.print(f"stored {sent} events in {len(batches)} batches via POST /api/v1/ingest")
     console.print(
-        f"job [bold]{DEMO_JOB}[/bold]: {job['ranks_reporting']}/{job['world_size']} ranks, "
+        f"job [bold]{DEMO_JOB}[/bold] (run #{job['run']['number']}): "
+        f"{len(ranks)}/{job['world_size']} ranks, "
         f"last step {job['last_step']}, median step {job['step_time_median_s']:.3f} s"
     )
     per_rank: dict[int, list[float]] = defaultdict(list)

@@ -9,6 +9,9 @@ Vigil starts embedded; a 4-rank GPT-style model trains over gloo under
 3. in that restarted attempt rank 1 hangs (it never enters the next collective) →
    the policy restarts the group, which resumes from its checkpoint and finishes.
 
+The full demo ends with a last act (``backend.demo.swap_story``): a job whose sequence
+length changes mid-training gets an activation-swap policy from Vigil.
+
 The terminal follows the story (a progress bar, a line per incident and action); the end
 is a table of every injected fault: when it started, when Vigil flagged it, the ranks it
 named, the action taken and whether the job recovered. The exit code is 0 when every
@@ -31,6 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backend.demo.report import Fault, summarize
 from backend.demo.server import DemoServer, DemoServerError, embedded_server
+from backend.demo.swap_story import play_swap
 from backend.launch import kill_tree
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny_gpt.py"
@@ -117,7 +121,9 @@ def run_story(*, console: Console, port: int, database_url: str, fast: bool) -> 
                 f"faults     VIGIL_CHAOS={scenario.chaos()}"
             )
             ok = _play(console, vigil, job, scenario, workdir)
-            if not fast:
+            if not fast:  # the last act: op-sequence drift and a swap policy (about a minute)
+                console.print("\n[bold]Last act: a job whose op sequence drifts[/bold]")
+                ok = play_swap(console, vigil) and ok
                 console.print(f"\nServing {vigil.base}/jobs/{job} until Ctrl-C.")
                 vigil.serve_until_interrupted()
             return 0 if ok else 1

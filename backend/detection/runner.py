@@ -3,9 +3,9 @@
 Two kinds of run, told apart only by the window parts they load (``detectors.window``);
 which detectors run is the registry's business (``detectors.registry``):
 
-- ``detect_job`` after new data: ``steps`` and ``collectives`` (stragglers, numerics,
-  slowdowns, slow links, memory, …), and ``serving`` for serving jobs (burn rates, slow
-  replicas);
+- ``detect_job`` after new data: ``steps``, ``collectives`` and ``opseq`` (stragglers,
+  numerics, slowdowns, slow links, memory, op-sequence drift, …), and ``serving`` for
+  serving jobs (burn rates, slow replicas);
 - ``sweep_job`` on a timer: ``liveness`` (hangs and crashes, which show as the *absence*
   of data), and ``serving`` again: burn rates move with the clock, so a page resolves
   when its short window recovers even if no request arrives.
@@ -22,17 +22,28 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.db import utcnow
-from backend.detection.window import load_collectives, load_liveness, load_serving, load_steps
+from backend.detection import baselines
+from backend.detection.opseq import load_opseq
+from backend.detection.window import (
+    live_ranks,
+    load_collectives,
+    load_liveness,
+    load_serving,
+    load_steps,
+)
 from backend.incidents.service import Changes, apply_findings
-from backend.jobs.models import Job, Rank
+from backend.jobs.models import Job, Rank, Run
+from backend.jobs.run_end import settle_runs
+from backend.jobs.runs import run_over
 from backend.metrics import DETECTOR_FAILURES, DETECTOR_RUNS
 from detectors import registry
+from detectors.settle import settled
 from detectors.window import Window
 
 log = logging.getLogger(__name__)
@@ -46,21 +57,38 @@ def detect_job(
     now = time.time() if now is None else now
     serving = load_serving(session=session, job_id=job_id, now=now)
     steps = load_steps(session=session, job_id=job_id, width=width)
+    job = session.get(Job, job_id) if steps is not None else None
+    if steps is not None and job is not None:
+        # Judge only steps enough live ranks have reported (batches arrive out of step),
+        # with each rank's normal speed as kept across runs.
+        steps = settled(steps, live_ranks=live_ranks(session=session, job=job))
+        if steps.steps.size:
+            steps = baselines.attach(job=job, window=steps, redis=_shared_redis())
+        else:
+            steps = None  # nothing settled yet
     collectives = load_collectives(session=session, job_id=job_id, window=steps) if steps else None
-    window = Window(steps=steps, collectives=collectives, serving=serving)
+    opseq = load_opseq(session=session, job_id=job_id, window=steps) if steps else None
+    window = Window(steps=steps, collectives=collectives, serving=serving, opseq=opseq)
     if not window.parts:
         return Changes()
     return run_window(session=session, job_id=job_id, window=window)
 
 
 def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:
-    """The liveness detectors at time ``now``. With every rank gone (each said goodbye)
-    the job ended: nothing hangs or crashed, and open hangs and crashes resolve."""
-    liveness = load_liveness(session=session, job_id=job_id, now=now)
+    """The job's runs first (``backend.jobs.run_end``: the current one ends when every
+    rank is gone, an ended run's open incidents resolve and its actions expire), then the
+    liveness detectors at time ``now``, while the run has not ended. With every rank gone
+    (each said goodbye) nothing hangs or crashed, and open hangs and crashes resolve."""
+    ended = settle_runs(session=session, job_id=job_id, now=datetime.fromtimestamp(now, UTC))
+    over = run_over(session=session, job_id=job_id)
+    liveness = None if over else load_liveness(session=session, job_id=job_id, now=now)
     serving = load_serving(session=session, job_id=job_id, now=now)
-    return run_window(
-        session=session, job_id=job_id, window=Window(liveness=liveness, serving=serving)
+    window = Window(liveness=liveness, serving=serving)
+    changes = (
+        run_window(session=session, job_id=job_id, window=window) if window.parts else Changes()
     )
+    changes.resolved.extend(ended)
+    return changes
 
 
 def run_window(*, session: Session, job_id: int, window: Window) -> Changes:
@@ -96,6 +124,9 @@ def _shared_redis() -> object | None:
 
 
 def active_jobs(*, session: Session, within_s: float = 3600) -> list[int]:
-    """Jobs that reported within ``within_s``: the ones a sweep should look at."""
+    """Jobs that reported within ``within_s``, and jobs whose current run has not ended
+    (however long ago they reported, a sweep must end it): the ones a sweep looks at."""
     since = utcnow() - timedelta(seconds=within_s)
-    return list(session.scalars(select(Rank.job_id).where(Rank.last_seen_at >= since).distinct()))
+    recent = select(Rank.job_id).where(Rank.last_seen_at >= since)
+    running = select(Job.id).join(Run, Run.id == Job.run_id).where(Run.state == "running")
+    return sorted(set(session.scalars(recent.distinct())) | set(session.scalars(running)))

@@ -2,7 +2,8 @@
 
 How a run gets scheduled is ``backend.detection.schedule``'s business; this module is what
 runs: the detectors (``backend.detection.runner``), then, in the same transaction, alerts
-and recovery for what changed (``backend.incidents.follow_up``), then, after the commit,
+and recovery for what changed (``backend.incidents.follow_up``) and the activation-swap
+loop (``backend.swap.loop``), then, after the commit,
 the webhook sends (``backend.alerts.tasks.queue_deliveries``). A per-job Redis lock keeps
 two workers off the same job; embedded mode calls the same functions from its ticker.
 """
@@ -18,6 +19,7 @@ from backend.db import session_scope
 from backend.detection import runner
 from backend.detection.schedule import claim, queue_run, queued_key, served
 from backend.incidents.follow_up import follow_up
+from backend.swap.loop import swap_follow_up
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ def run_detection(rt: Runtime, job_id: int) -> None:
             session=session, job_id=job_id, width=rt.settings.detect_window_steps
         )
         deliveries = follow_up(session=session, changes=changes, settings=rt.settings)
+        swap_follow_up(session=session, job_id=job_id, settings=rt.settings)
     queue_deliveries(deliveries)
 
 

@@ -1,7 +1,8 @@
 """Load the parts of a detection window (:mod:`detectors.window`) from the store.
 
 ``load_steps``: the job's last ``width`` steps of its current restart attempt, pivoted to
-rank × step arrays with NaN where a rank did not report; ``load_collectives``: the
+rank × step arrays with NaN where a rank did not report, and each rank's device memory
+(``ranks.mem_capacity``); ``load_collectives``: the
 per-step collective aggregates over those steps; ``load_liveness``: every rank's latest
 state for the hang and crash sweep; ``load_serving``: a serving job's per-minute SLO
 counts and per-replica sums.
@@ -14,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.jobs.models import Job, Rank
+from backend.jobs.runs import run_ranks
 from backend.slos.models import Slo
 from backend.slos.service import minute_counts, period_counts
 from backend.telemetry.models import CollectiveRecord, ServingMinute, StepRecord
@@ -82,7 +84,45 @@ def load_steps(*, session: Session, job_id: int, width: int = 200) -> StepWindow
         loss=arrays["loss"],
         grad_norm=arrays["grad_norm"],
         mem_bytes=arrays["mem_bytes"],
+        mem_capacity=mem_capacity(session=session, job_id=job_id, ranks=ranks),
     )
+
+
+def mem_capacity(*, session: Session, job_id: int, ranks: np.ndarray) -> np.ndarray | None:
+    """``(R,)`` device memory of each of ``ranks`` in bytes, as their heartbeats report it
+    (NaN for a rank that has not); None when no rank has, so ``memory_pressure`` waits."""
+    known = dict(
+        session.execute(
+            select(Rank.rank, Rank.mem_capacity).where(
+                Rank.job_id == job_id, Rank.mem_capacity.is_not(None)
+            )
+        ).all()
+    )
+    if not known:
+        return None
+    return np.array([known.get(int(r), np.nan) for r in ranks], dtype=float)
+
+
+LIVE_S = 30.0  # a rank silent this long behind the job's newest report is not waited for
+
+
+def live_ranks(*, session: Session, job: Job) -> int:
+    """Ranks of the job's current attempt that have not said goodbye and reported (a
+    heartbeat or a step) within ``LIVE_S`` of the job's newest report: the ones whose steps
+    detection waits for (``detectors.settle``). Measured against the job's own clock, not
+    the server's, so a replay of old data settles the same way as a live job."""
+    seen = func.coalesce(
+        func.max(Rank.last_heartbeat_ts, Rank.last_step_ts)
+        if session.get_bind().dialect.name == "sqlite"
+        else func.greatest(Rank.last_heartbeat_ts, Rank.last_step_ts),
+        Rank.last_heartbeat_ts,
+        Rank.last_step_ts,
+    )
+    current = (Rank.job_id == job.id, Rank.attempt == job.attempt, Rank.exited.is_(False))
+    newest = session.scalar(select(func.max(seen)).where(*current))
+    if newest is None:
+        return 0
+    return int(session.scalar(select(func.count()).where(*current, seen >= newest - LIVE_S)) or 0)
 
 
 def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> CollectiveWindow:
@@ -134,10 +174,6 @@ def recent_step_durations(*, session: Session, job_id: int, steps: int = 50) -> 
     )
 
 
-def rank_states(*, session: Session, job_id: int) -> list[Rank]:
-    return list(session.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank)))
-
-
 def group_members(*, session: Session, job_id: int, limit: int = 5000) -> dict[str, list[int]]:
     """Process-group membership as collectors reported it (the world group has none)."""
     rows = session.execute(
@@ -157,8 +193,12 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
     """Every rank that has not said goodbye, as the hang detector sees it, at ``now``.
     For a serving job only processes that send heartbeats are judged (a replay client
     shipping request records says nothing about liveness), and all of them falling
-    silent together is a stop, not a crash."""
+    silent together is a stop, not a crash. Only ranks of the job's current run count
+    (``backend.jobs.runs``); once one of them left cleanly the run is finishing, and the
+    rest falling silent together is its end, not a crash."""
     serving = session.scalar(select(Job.kind).where(Job.id == job_id)) == "serving"
+    ranks = run_ranks(session=session, job_id=job_id)
+    finishing = any(r.exited and not r.exit_code for r in ranks)
     states = [
         RankState(
             rank=r.rank,
@@ -170,7 +210,7 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
             else (r.last_step_ts or 0.0),
             inflight=_inflight(r.inflight),
         )
-        for r in rank_states(session=session, job_id=job_id)
+        for r in ranks
         if not r.exited and (not serving or r.last_heartbeat_ts is not None)
     ]
     durations = recent_step_durations(session=session, job_id=job_id) if states else []
@@ -179,7 +219,7 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
         now=now,
         step_durations=np.asarray(durations, dtype=float),
         groups=(group_members(session=session, job_id=job_id) or None) if states else None,
-        expect_running=not serving,
+        expect_running=not serving and not finishing,
     )
 
 
@@ -187,11 +227,13 @@ def _inflight(raw: dict[str, object] | None) -> Inflight | None:
     if not raw:
         return None
     try:
+        peers = raw.get("peers")
         return Inflight(
             group=str(raw["group"]),
             op=str(raw["op"]),
             seq=int(raw.get("seq") or 0),  # type: ignore[call-overload]
             since=float(raw["since"]),  # type: ignore[arg-type]
+            peers=None if peers is None else tuple(int(p) for p in peers),  # type: ignore[attr-defined]
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -47,6 +47,27 @@ def _refusal(reply: httpx.Response) -> str:
     return " ".join(str(detail).split())
 
 
+def unreachable(endpoint: str, exc: Exception) -> str:
+    """The line (rich markup) for a server that cannot be reached."""
+    return (
+        f"[red]cannot reach {endpoint} ({escape(str(exc))}): start `vigil server` or pass "
+        "--endpoint URL [VIGIL_ENDPOINT]; --local writes VIGIL_DATABASE_URL instead[/red]"
+    )
+
+
+def refused(endpoint: str, reply: httpx.Response, more: str = "") -> str:
+    """The line (rich markup) for a server that refused an import, with what to do."""
+    hint = ""
+    if reply.status_code == 413:
+        hint = " (the server's VIGIL_MAX_BODY_BYTES limits an import)"
+    elif reply.status_code in (401, 403):
+        hint = " (pass --token [VIGIL_TOKEN] with the 'ingest' scope)"
+    return (
+        f"[red]{endpoint} refused the import: {reply.status_code} "
+        f"{escape(_refusal(reply))}{hint}{escape(more)}[/red]"
+    )
+
+
 def over_rest(
     *, directory: Path, job: str, endpoint: str, token: str, console: Console, err: Console
 ) -> int:
@@ -65,23 +86,10 @@ def over_rest(
             timeout=TIMEOUT_S,
         )
     except httpx.HTTPError as exc:
-        err.print(
-            f"[red]cannot reach {endpoint} ({escape(str(exc))}): start `vigil server` or pass "
-            "--endpoint URL [VIGIL_ENDPOINT]; --local writes VIGIL_DATABASE_URL instead[/red]",
-            soft_wrap=True,
-        )
+        err.print(unreachable(endpoint, exc), soft_wrap=True)
         return 1
     if reply.status_code != 200:
-        hint = ""
-        if reply.status_code == 413:
-            hint = " (the server's VIGIL_MAX_BODY_BYTES limits an import)"
-        elif reply.status_code in (401, 403):
-            hint = " (pass --token [VIGIL_TOKEN] with the 'ingest' scope)"
-        err.print(
-            f"[red]{endpoint} refused the import: {reply.status_code} "
-            f"{escape(_refusal(reply))}{hint}[/red]",
-            soft_wrap=True,
-        )
+        err.print(refused(endpoint, reply), soft_wrap=True)
         return 1
     out = reply.json()
     console.print(out["report"], highlight=False, markup=False)

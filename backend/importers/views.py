@@ -6,20 +6,27 @@ dumps arrive decoded, as JSON (``vigil import`` decodes the pickles on the clien
 data-only unpickler), so the server never unpickles; each is checked by the same
 ``read_dump`` as a file, and a bad one is a 422 naming ``dumps[i]`` with nothing stored. The
 body may be as large as an ingest batch (``VIGIL_MAX_BODY_BYTES``, ``backend.limits``).
+
+``POST /api/v1/jobs/{job}/imports/kineto``: PyTorch profiler (Kineto) traces, read by the
+client into per-iteration numbers (``backend.importers.kineto_upload``) and stored as the
+job's steps, collectives, op sequences and GPU breakdown, then judged by the detectors
+(``backend.importers.kineto_store``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Request
 
 from backend.audit.service import audit
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
 from backend.deps import SessionDep
-from backend.errors import Invalid
+from backend.errors import Invalid, errors
+from backend.importers import kineto_store
 from backend.importers.flight_recorder import import_dumps, repeated_rank
+from backend.importers.kineto_schemas import IncidentBrief, KinetoImport, KinetoImportOut
 from backend.importers.schemas import FlightRecorderImport, FlightRecorderImportOut
 from detectors.flight_recorder import Dump, FlightRecorderError, read_dump
 
@@ -73,4 +80,42 @@ def import_flight_recorder(
         culprits=list(result.culprits),
         incident_id=result.incident_id,
         report=result.report,
+    )
+
+
+@router.post(
+    "/{job}/imports/kineto",
+    response_model=KinetoImportOut,
+    responses=errors(409, e409="The job is a serving job that is still reporting"),
+)
+def import_kineto(
+    job: JobName,
+    body: KinetoImport,
+    request: Request,
+    session: SessionDep,
+    who: Annotated[Principal, Depends(require_scope("ingest"))],
+) -> Any:
+    """Store a PyTorch profiler trace's iterations (one part per rank) as the job's
+    telemetry: steps, collectives, op sequences and the GPU breakdown; then judge them."""
+    if not job.strip():
+        raise Invalid("job: a name is not blank")
+    stored = kineto_store.import_kineto(
+        session=session, body=body, job=job, settings=request.app.state.settings
+    )
+    audit(
+        session=session,
+        job_id=stored.job_id,
+        actor=f"api:{who.name}",
+        event="imported",
+        detail={"what": "kineto", "ranks": stored.ranks, "iterations": stored.iterations},
+    )
+    return KinetoImportOut(
+        job=job,
+        ranks=stored.ranks,
+        iterations=stored.iterations,
+        duplicates=stored.duplicates,
+        incidents=[
+            IncidentBrief(id=i.id, kind=i.kind, ranks=list(i.ranks), summary=i.summary)
+            for i in stored.incidents
+        ],
     )

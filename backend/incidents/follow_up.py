@@ -6,7 +6,8 @@ the same transaction, so neither can be lost without the other:
 - the alert outbox gets a delivery per receiver and state change
   (``backend.alerts.service.notify_changes``);
 - the recovery policy proposes or creates an action for each newly opened incident
-  (``backend.recovery.service.respond``).
+  (``backend.recovery.service.respond``); the proposals of an incident that resolved, when
+  that makes them moot, expire (``backend.recovery.service.retire``).
 
 A slowdown linked as the consequence of another incident (``Changes.linked``) is neither
 notified nor acted on: its cause's notification and action are the ones for that fault; if
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from backend.alerts.service import notify_changes
 from backend.incidents.service import Changes
-from backend.recovery.service import respond, withdraw
+from backend.recovery.service import respond, retire, withdraw
 from backend.settings import Settings
 
 log = logging.getLogger("backend.incidents")
@@ -58,6 +59,8 @@ def follow_up(*, session: Session, changes: Changes, settings: Settings) -> list
         log.warning("incident re-opened: %s %s (ranks %s)", row.kind, row.summary, row.ranks)
     for row in changes.resolved:
         log.info("incident resolved: %s %s", row.kind, row.summary)
+    for action in retire(session=session, incidents=changes.resolved):
+        log.info("recovery: proposed %s expired: its incident resolved", action.kind)
     deliveries = notify_changes(
         session=session,
         opened=[

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Double, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.sql import false
 
 from backend.db import Base, UTCDateTime, utcnow
 from detectors.finding import KINDS
@@ -38,3 +39,12 @@ class Incident(Base):
     detected_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Handling by people (``backend.incidents.handling``): acknowledged (who, when), and
+    # resolved by hand (who, with a note; null = resolved by detection).
+    acked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    acked_by: Mapped[str | None] = mapped_column(String(128))
+    resolved_by: Mapped[str | None] = mapped_column(String(128))
+    resolution_note: Mapped[str | None] = mapped_column(Text)
+    # Resolved by hand while its detector still reports the episode: findings of the same
+    # episode are ignored until the detector stops reporting it.
+    held: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

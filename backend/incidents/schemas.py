@@ -1,11 +1,12 @@
-"""Incident as DESIGN.md's REST contract shows it, plus score and update time."""
+"""Incident as DESIGN.md's REST contract shows it, plus score and update time, and how
+people handled it (acknowledged, resolved by hand, silenced, open for how long)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from backend.jobs.schemas import Reading
 
@@ -26,3 +27,17 @@ class IncidentOut(BaseModel):
     summary: str
     evidence: dict[str, Any]
     score: Reading
+    acked_at: datetime | None = None
+    acked_by: str | None = Field(None, description="Who acknowledged it (api:/ui:<token>).")
+    resolved_by: str | None = Field(None, description="Who resolved it by hand; null: detection.")
+    resolution_note: str | None = None
+    silenced_by: list[int] = Field(
+        default_factory=list, description="Ids of the active silences that mute it."
+    )
+    open_for_s: float = Field(0.0, description="Detection to resolution, or to now if open.")
+
+
+class ResolveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = Field(min_length=1, max_length=2000, description="Why it is resolved.")

@@ -11,25 +11,36 @@ incident's fingerprint is ``<job id>:<key>``. Applying the findings of one detec
   covers (the same onset, seen again after the incident was resolved: a sliding window
   re-dated it, or the condition flapped) re-opens that incident: same id, evidence
   ``reopened`` counts how often; it is in ``Changes.reopened``, not ``opened``;
+- an incident a person resolved (``backend.incidents.handling``) is never re-opened; the
+  rest of its episode is ignored (``backend.incidents.holds``), a new episode opens a new
+  incident;
 - a job-wide ``slowdown`` that an open straggler, hang or slow link (``comm_anomaly`` naming
   ranks) explains — its onset within ``LINK_SLACK_STEPS`` steps of theirs — is linked to
   it as a consequence: evidence ``consequence_of`` holds the cause's id and the summary says
   so. A slowdown linked as it opens is in ``Changes.linked``, not ``opened``: one fault,
   one notification, one proposed action (``backend.incidents.follow_up``). One linked
   after it opened is in ``Changes.linked`` too; its open actions are withdrawn.
+- an incident a restarting action (restart, rollback, evict) was taken on keeps the
+  diagnosis it was taken on: while the ranks are torn down and started again a detector
+  sees exits and half-reported states (a rank killed by the restart looks like a hang's
+  culprit), so later findings may resolve it but no longer rename its ranks or summary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from backend.actions.models import Action
+from backend.actions.service import RESTARTING_KINDS
 from backend.db import utcnow
+from backend.incidents.holds import Holds
 from backend.incidents.models import Incident
+from backend.jobs.runs import current_run_number
 from detectors.finding import Finding
 
 # Incident kinds whose named ranks explain a job-wide slowdown (everyone waits for them).
@@ -51,8 +62,10 @@ class Changes:
         return bool(self.opened or self.updated or self.resolved or self.reopened or self.linked)
 
 
-def fingerprint(job_id: int, key: str) -> str:
-    return f"{job_id}:{key}"
+def fingerprint(job_id: int, key: str, run: int = 1) -> str:
+    """``<job id>:<key>``, and ``<job id>@<run>:<key>`` from the job's second run on
+    (``backend.jobs.runs``): an episode of one run never continues one of another."""
+    return f"{job_id if run <= 1 else f'{job_id}@{run}'}:{key}"
 
 
 def apply_findings(
@@ -68,12 +81,18 @@ def apply_findings(
         )
     }
     seen: set[str] = set()
+    acted_on = _acted_on(session, [row.id for row in open_rows.values()])
+    holds = Holds(session, job_id)
+    run = current_run_number(session=session, job_id=job_id)
+    this_run = fingerprint(job_id, "", run)  # an ended run's incidents are its own to end
     for f in findings:
-        fp = fingerprint(job_id, f.key)
+        fp = fingerprint(job_id, f.key, run)
         seen.add(fp)
         row = open_rows.get(fp)
         if row is None and not f.active and _episode_known(session, fp, f):
             continue  # this finished episode is already on record
+        if row is None and holds.covers(fp, f):
+            continue  # resolved by hand: the rest of this episode stays resolved
         if row is None and f.active:
             row = _resolved_episode(session, fp, f)
             if row is not None:  # the same episode again: the same incident
@@ -88,6 +107,8 @@ def apply_findings(
             )
             session.add(row)
             changes.opened.append(row)
+        elif row.id in acted_on:
+            f = _frozen(row, f)
         elif _differs(row, f):
             changes.updated.append(row)
         _copy(row, f, now)
@@ -96,13 +117,42 @@ def apply_findings(
             if row not in changes.opened:
                 changes.resolved.append(row)
     for fp, row in open_rows.items():
-        if fp not in seen and row.kind in covered:
+        if fp not in seen and row.kind in covered and fp.startswith(this_run):
             row.status, row.resolved_at, row.updated_at = "resolved", now, now
             row.evidence = {**row.evidence, "resolved_because": "condition no longer detected"}
             changes.resolved.append(row)
+    holds.release(covered)
     session.flush()
     _link_consequences(session, job_id, changes)
     return changes
+
+
+def _acted_on(session: Session, incident_ids: list[int]) -> set[int]:
+    """The incidents among these that a restarting action is under way or done for."""
+    if not incident_ids:
+        return set()
+    return set(
+        session.scalars(
+            select(Action.incident_id).where(
+                Action.incident_id.in_(incident_ids),
+                Action.kind.in_(RESTARTING_KINDS),
+                Action.state.in_(("pending", "dispatched", "acked", "succeeded")),
+            )
+        )
+    )
+
+
+def _frozen(row: Incident, f: Finding) -> Finding:
+    """``f`` carrying the incident's diagnosis (ranks, severity, summary, evidence) and only
+    its own activity: whether the condition still holds, and until which step."""
+    return replace(
+        f,
+        ranks=tuple(row.ranks or ()),
+        severity=row.severity,  # type: ignore[arg-type]
+        summary=row.summary,
+        first_step=row.first_step,
+        evidence={k: v for k, v in (row.evidence or {}).items() if k != "last_step"},
+    )
 
 
 def _resolved_episode(session: Session, fp: str, f: Finding) -> Incident | None:
@@ -112,7 +162,11 @@ def _resolved_episode(session: Session, fp: str, f: Finding) -> Incident | None:
         return None
     rows = session.scalars(
         select(Incident)
-        .where(Incident.fingerprint == fp, Incident.status == "resolved")
+        .where(
+            Incident.fingerprint == fp,
+            Incident.status == "resolved",
+            Incident.resolved_by.is_(None),  # one a person resolved is never re-opened
+        )
         .order_by(Incident.id.desc())
         .limit(5)
     )

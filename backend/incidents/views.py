@@ -1,28 +1,66 @@
-"""Incidents over REST: a job's incidents, and one incident. Needs a `read` token."""
+"""Incidents over REST: a job's incidents and one incident (a `read` token); acknowledge
+and resolve by hand (an `admin` token, like every other change).
+
+    curl -X POST $VIGIL/api/v1/incidents/42/ack -H "Authorization: Bearer $ADMIN"
+    curl -X POST $VIGIL/api/v1/incidents/42/resolve -H "Authorization: Bearer $ADMIN" \\
+         -d '{"note": "rank 6 node drained and replaced"}'
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request
 
+from backend.alerts.models import Silence
+from backend.alerts.silences import active_silences, silencing
+from backend.alerts.tasks import queue_deliveries
 from backend.auth.deps import require_scope
+from backend.auth.service import Principal
+from backend.db import utcnow
 from backend.deps import RowId, SessionDep
 from backend.errors import NotFound, errors
-from backend.incidents import service
+from backend.incidents import handling, service
 from backend.incidents.models import Incident
-from backend.incidents.schemas import IncidentOut
+from backend.incidents.schemas import IncidentOut, ResolveIn
 from backend.jobs.models import Job
 from backend.jobs.service import require_job_id
 
 router = APIRouter(
     prefix="/api/v1", tags=["incidents"], dependencies=[Depends(require_scope("read"))]
 )
+Admin = Annotated[Principal, Depends(require_scope("admin"))]
 
 
-def to_out(row: Incident, job: str) -> IncidentOut:
+def to_out(
+    row: Incident, job: str, *, now: datetime | None = None, silences: Sequence[Silence] = ()
+) -> IncidentOut:
+    """The incident as the API shows it; ``silences``: the active ones (to name those that
+    mute it)."""
+    now = now or utcnow()
     columns = {c.key: getattr(row, c.key) for c in Incident.__table__.columns}
-    return IncidentOut.model_validate({**columns, "job": job})
+    handled = {
+        "silenced_by": [s.id for s in silencing(silences, row, job)]
+        if row.status == "open"
+        else [],
+        "open_for_s": handling.open_for_s(row, now),
+    }
+    return IncidentOut.model_validate({**columns, **handled, "job": job})
+
+
+def _incident(session: SessionDep, incident_id: int) -> tuple[Incident, str]:
+    row = service.get_incident(session=session, incident_id=incident_id)
+    if row is None:
+        raise NotFound(f"incident {incident_id} not found")
+    job = session.get(Job, row.job_id)
+    return row, job.name if job else ""
+
+
+def _out(session: SessionDep, row: Incident, job: str) -> IncidentOut:
+    now = utcnow()
+    return to_out(row, job, now=now, silences=active_silences(session=session, now=now))
 
 
 @router.get("/jobs/{job}/incidents", response_model=list[IncidentOut], responses=errors(404))
@@ -35,13 +73,54 @@ def list_incidents(
     """The job's incidents, newest first."""
     job_id = require_job_id(session=session, name=job)
     rows = service.list_incidents(session=session, job_id=job_id, status=status, limit=limit)
-    return [to_out(r, job) for r in rows]
+    now = utcnow()
+    silences = active_silences(session=session, now=now)
+    return [to_out(r, job, now=now, silences=silences) for r in rows]
 
 
 @router.get("/incidents/{incident_id}", response_model=IncidentOut, responses=errors(404))
 def get_incident(incident_id: RowId, session: SessionDep) -> Any:
-    row = service.get_incident(session=session, incident_id=incident_id)
-    if row is None:
-        raise NotFound(f"incident {incident_id} not found")
-    job = session.get(Job, row.job_id)
-    return to_out(row, job.name if job else "")
+    return _out(session, *_incident(session, incident_id))
+
+
+@router.post("/incidents/{incident_id}/ack", response_model=IncidentOut, responses=errors(404, 409))
+def acknowledge(incident_id: RowId, session: SessionDep, principal: Admin) -> Any:
+    """Acknowledge an open incident: who and when are kept, reminders stop. Again: no
+    change. 409 if it is resolved."""
+    row, job = _incident(session, incident_id)
+    handling.acknowledge(session=session, incident=row, actor=f"api:{principal.name}")
+    return _out(session, row, job)
+
+
+@router.delete("/incidents/{incident_id}/ack", response_model=IncidentOut, responses=errors(404))
+def unacknowledge(incident_id: RowId, session: SessionDep, principal: Admin) -> Any:
+    """Take the acknowledgement back (reminders resume)."""
+    row, job = _incident(session, incident_id)
+    handling.unacknowledge(session=session, incident=row, actor=f"api:{principal.name}")
+    return _out(session, row, job)
+
+
+@router.post(
+    "/incidents/{incident_id}/resolve", response_model=IncidentOut, responses=errors(404, 409)
+)
+def resolve(
+    incident_id: RowId,
+    body: ResolveIn,
+    request: Request,
+    session: SessionDep,
+    principal: Admin,
+    background: BackgroundTasks,
+) -> Any:
+    """Resolve an open incident by hand, with a note: receivers told it fired hear it is
+    resolved, its proposed actions are cancelled, and detection does not re-open it for
+    the same episode (README, "Handling alerts"). 409 if it is resolved already."""
+    row, job = _incident(session, incident_id)
+    ids = handling.resolve_by_hand(
+        session=session,
+        incident=row,
+        actor=f"api:{principal.name}",
+        note=body.note,
+        public_url=request.app.state.settings.public_url,
+    )
+    background.add_task(queue_deliveries, ids)  # after the commit
+    return _out(session, row, job)

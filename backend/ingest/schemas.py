@@ -74,6 +74,7 @@ Int32 = Annotated[int, NOT_BOOL, Field(ge=0, le=MAX_INT32)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL)]
 OpName = Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
 Hash = Annotated[str, Field(max_length=64, pattern=NO_NUL)]
+Fingerprint = Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
 # Values where NaN/Inf is meaningful and kept.
 Signal = float
 # Free-form JSON (event attrs, an op sequence, an action's result): checked by
@@ -94,6 +95,11 @@ class StepEvent(TypedDict):
     mem_bytes: NotRequired[Count | None]
     tokens: NotRequired[Count | None]
     opseq: NotRequired[Hash | None]
+    # Activation swapping (issue 14): the step's structural fingerprint (every step), the
+    # swap-policy version it ran under and the peak the swap executor measured.
+    shape_fp: NotRequired[Fingerprint | None]
+    swap_policy: NotRequired[Int32 | None]
+    swap_peak_bytes: NotRequired[Count | None]
 
 
 class CollectiveEvent(TypedDict):
@@ -118,6 +124,14 @@ class Inflight(TypedDict):
     op: OpName
     since: Timestamp
     seq: NotRequired[Count | None]
+    # A point-to-point op (send/recv, a batch of them): the global ranks on the other side
+    # whose transfer has not finished; [] a receive from any source. Absent: a collective.
+    peers: NotRequired[
+        Annotated[
+            list[Annotated[int, NOT_BOOL, Field(ge=0, lt=MAX_RANKS)]], Field(max_length=MAX_RANKS)
+        ]
+        | None
+    ]
 
 
 class HeartbeatEvent(TypedDict):
@@ -128,12 +142,30 @@ class HeartbeatEvent(TypedDict):
     pid: NotRequired[Int32 | None]
     exiting: NotRequired[bool]
     dropped: NotRequired[dict[Hash, Count] | None]
+    # Device memory in bytes (CUDA total memory, or VIGIL_MEMORY_BUDGET_BYTES on CPU), and
+    # whether the rank runs a swap executor that can apply ``apply_swap_policy``.
+    mem_capacity: NotRequired[Count | None]
+    swap: NotRequired[bool]
+    # With ``exiting``: the process's exit code when the collector knows it (0: a clean
+    # exit; an uncaught exception or an exit for a restart otherwise). ``backend.jobs.runs``.
+    exit_code: NotRequired[Annotated[int, NOT_BOOL, Field(ge=-MAX_INT32, le=MAX_INT32)] | None]
+
+
+def _named_ops(ops: list[Any]) -> list[Any]:
+    """Each op is a list whose first item is its name (``[name, shapes, saved_bytes]``):
+    ingest hashes the names into the sequence's ``structure``."""
+    for j, op in enumerate(ops):
+        if not (isinstance(op, list) and op and isinstance(op[0], str) and op[0]):
+            raise ValueError(f"ops[{j}] must be a list whose first item is the op's name")
+    return ops
 
 
 class OpSeqEvent(TypedDict):
     type: Literal["opseq"]
-    hash: Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
-    ops: FreeList
+    hash: Fingerprint
+    ops: Annotated[FreeList, AfterValidator(_named_ops)]
+    # The profiled step (PROFILE of ``detectors.swap``), shipped with a new sequence.
+    profile: NotRequired[FreeDict | None]
 
 
 class TokenTimes(TypedDict):
@@ -205,6 +237,7 @@ EVENT_TYPES = ("step", "collective", "heartbeat", "opseq", "request", "metric", 
 # Job names appear in URLs, so no '/', and in terminals, so no control characters.
 _JOB_NAME = re.compile(r"^[^/\x00-\x1f\x7f]{1,200}$")
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+RUN_KEY = r"^[^\x00-\x1f\x7f]+$"  # shown on pages and in terminals: no control characters
 
 
 class IngestBatch(BaseModel):
@@ -218,6 +251,9 @@ class IngestBatch(BaseModel):
     rank: Annotated[int, NOT_BOOL, Field(ge=0, lt=MAX_RANKS)] = 0
     host: Annotated[str, Field(max_length=255, pattern=NO_NUL)] | None = None
     attempt: Annotated[int, NOT_BOOL, Field(ge=0, le=MAX_ATTEMPT)] = 0
+    # The launch the batch is from (``vigil run``'s or torchrun's run id): a new key is a
+    # new run of the job (``backend.jobs.runs``); without one, the job's current run.
+    run: Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=RUN_KEY)] | None = None
     events: list[Event] = Field(default_factory=list)
 
     @field_validator("batch_id")

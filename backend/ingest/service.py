@@ -27,6 +27,7 @@ from backend.db import bulk_insert, insert_for, utcnow
 from backend.errors import Conflict
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
+from backend.ingest.shapes import add_shape_fingerprints, structure_hash
 from backend.ingest.tokens import decode_raw
 from backend.jobs.launches import Launch, follow_launch
 from backend.jobs.models import Rank
@@ -76,6 +77,7 @@ def ingest_batch(
         kind=batch.kind,
         world_size=batch.world_size,
         attempt=batch.attempt,
+        run=batch.run,
     )
     job_id = launch.job_id
     claimed = session.execute(
@@ -102,14 +104,15 @@ def ingest_batch(
     base = {"job_id": job_id, "rank": batch.rank}
     if steps := by_type.get("step"):
         bulk_insert(
-            session, StepRecord.__table__, [_step_row(e, base, batch.attempt) for e in steps]
+            session, StepRecord.__table__, [_step_row(e, base, launch.stored) for e in steps]
         )
         add_step_rollups(session=session, job_id=job_id, rank=batch.rank, steps=steps)
+        add_shape_fingerprints(session=session, job_id=job_id, rank=batch.rank, steps=steps)
     if colls := by_type.get("collective"):
         bulk_insert(
             session,
             CollectiveRecord.__table__,
-            [_collective_row(e, base, batch.attempt) for e in colls],
+            [_collective_row(e, base, launch.stored) for e in colls],
         )
         add_collective_rollups(session=session, job_id=job_id, rank=batch.rank, records=colls)
     if opseqs := by_type.get("opseq"):
@@ -118,7 +121,14 @@ def ingest_batch(
                 index_elements=["job_id", "hash"]
             ),
             [
-                {"job_id": job_id, "hash": e["hash"], "ops": e["ops"], "first_rank": batch.rank}
+                {
+                    "job_id": job_id,
+                    "hash": e["hash"],
+                    "ops": e["ops"],
+                    "first_rank": batch.rank,
+                    "structure": structure_hash(op[0] for op in e["ops"]),
+                    "profile": e.get("profile"),
+                }
                 for e in opseqs
             ],
         )
@@ -167,7 +177,9 @@ def ingest_batch(
             result=report.get("result"),
         )
     if launch.current:  # a lagging or stray batch does not touch the rank's live state
-        _update_rank(session=session, batch=batch, job_id=job_id, by_type=by_type)
+        _update_rank(
+            session=session, batch=batch, job_id=job_id, by_type=by_type, attempt=launch.stored
+        )
     actions = _dispatch(session=session, batch=batch, launch=launch)
     counts = {kind: len(events) for kind, events in by_type.items()}
     return IngestResult(job_id, len(batch.events), False, counts, actions)
@@ -200,7 +212,12 @@ def _dispatch(*, session: Session, batch: IngestBatch, launch: Launch) -> list[d
 
 
 def _update_rank(
-    *, session: Session, batch: IngestBatch, job_id: int, by_type: dict[str, list[dict[str, Any]]]
+    *,
+    session: Session,
+    batch: IngestBatch,
+    job_id: int,
+    by_type: dict[str, list[dict[str, Any]]],
+    attempt: int,
 ) -> None:
     """Upsert the rank's latest state; newer timestamps win, so a late batch never
     overwrites fresher state."""
@@ -208,7 +225,7 @@ def _update_rank(
         "job_id": job_id,
         "rank": batch.rank,
         "host": batch.host,
-        "attempt": batch.attempt,
+        "attempt": attempt,  # job-wide: its run's first attempt + the batch's
         "last_seen_at": utcnow(),
         "last_step": None,
         "last_step_ts": None,
@@ -218,6 +235,9 @@ def _update_rank(
         "pid": None,
         "drops": None,
         "exited": False,
+        "exit_code": None,
+        "mem_capacity": None,
+        "swap_capable": False,
     }
     if steps := by_type.get("step"):
         latest = max(steps, key=lambda e: e["ts"])
@@ -230,6 +250,9 @@ def _update_rank(
         values["pid"] = latest.get("pid")
         values["drops"] = latest.get("dropped")
         values["exited"] = bool(latest.get("exiting", False))
+        values["exit_code"] = latest.get("exit_code") if values["exited"] else None
+        values["mem_capacity"] = latest.get("mem_capacity")
+        values["swap_capable"] = bool(latest.get("swap", False))
 
     stmt = insert_for(session, Rank).values(**values)
     new, cur = stmt.excluded, Rank.__table__.c
@@ -259,6 +282,13 @@ def _update_rank(
             "pid": case((newer_beat, new.pid), else_=cur.pid),
             "drops": case((newer_beat, new.drops), else_=cur.drops),
             "exited": case((newer_beat, new.exited), else_=cur.exited),
+            "exit_code": case((newer_beat, new.exit_code), else_=cur.exit_code),
+            # A heartbeat without a capacity keeps the one known (it is not news of none).
+            "mem_capacity": case(
+                (newer_beat & new.mem_capacity.is_not(None), new.mem_capacity),
+                else_=cur.mem_capacity,
+            ),
+            "swap_capable": case((newer_beat, new.swap_capable), else_=cur.swap_capable),
             "last_heartbeat_ts": case(
                 (newer_beat, new.last_heartbeat_ts), else_=cur.last_heartbeat_ts
             ),
@@ -281,6 +311,9 @@ def _step_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> dict[str
         "mem_bytes": e.get("mem_bytes"),
         "tokens": e.get("tokens"),
         "opseq": e.get("opseq"),
+        "shape_fp": e.get("shape_fp"),
+        "swap_policy": e.get("swap_policy"),
+        "swap_peak_bytes": e.get("swap_peak_bytes"),
     }
 
 

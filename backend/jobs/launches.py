@@ -1,16 +1,26 @@
-"""Which launch of a job a batch belongs to, and how the job follows its launches.
+"""Which run and attempt of a job a batch belongs to, and how the job follows its launches.
 
-A job name is launched again and again; torchrun counts restarts inside a launch
-(``attempt``, from ``TORCHELASTIC_RESTART_COUNT``) and starts over at 0 in the next one.
-The job row holds the *current* launch's ``kind`` and ``attempt``: detection judges only
-that attempt's steps (``backend.detection.window``) and actions are made for it
-(``backend.actions``). A batch moves the job to its own (kind, attempt) when
+A job name is launched again and again; each launch is a *run* (``backend.jobs.runs``),
+and torchrun counts restarts inside it (``attempt``, from ``TORCHELASTIC_RESTART_COUNT``).
+The job row points at its *current* run and holds that run's ``kind`` and current
+attempt, numbered job-wide (the run's ``first_attempt`` + the batch's ``attempt``):
+detection judges only that attempt's steps (``backend.detection.window``) and actions are
+made for it (``backend.actions``). A batch names its run by the header's optional ``run``
+key; a batch without one belongs to the current run.
+
+A batch of the current run (the same key, or none) moves the job when
 
 - it is a restart: the same kind, an attempt a little above the current one
   (at most ``MAX_ATTEMPT_STEP`` up: attempts that died before they reported are skipped);
 - or the current launch is over: every rank of the current attempt said goodbye
-  (``exiting``) or has been silent for ``RELAUNCH_QUIET_S``. Then any batch takes over:
-  a relaunch at attempt 0, or a job name reused for the other kind.
+  (``exiting``) or has been silent for ``RELAUNCH_QUIET_S``. Then any batch takes over,
+  as a **new run** under the same key (or a made-up one): a relaunch at attempt 0, or a
+  job name reused for the other kind.
+
+A batch with another key is another launch: the first one of a key starts a new run, which
+takes over at once when the current launch is over, and otherwise waits, its telemetry
+stored apart under its own attempts, until it is (its next batch after that takes over).
+The run it replaces is ended then (``backend.jobs.runs.judge``).
 
 Anything else is not the current launch: a lagging rank of an earlier attempt, or an
 attempt far above the current one. Its telemetry is stored (under its attempt), but it
@@ -19,8 +29,12 @@ a batch of the other kind is refused with a 409 that says how long until the nam
 free. So no single payload can blind detection of a job that keeps reporting, and one
 sent while a job is quiet loses its hold ``RELAUNCH_QUIET_S`` after it stops.
 
+The common batch (the current run's current attempt) costs one read of the job row;
+everything else is decided again with the job row locked, so concurrent first batches of a
+new launch start one run, not several.
+
     launch = follow_launch(session=s, name="llama", kind="training", world_size=8,
-                           attempt=1)
+                           attempt=1, run="3f2c…")
     launch.job_id, launch.current   # (7, True): a restart, the job is at attempt 1 now
 """
 
@@ -28,15 +42,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.db import insert_for, utcnow
 from backend.errors import Conflict
-from backend.jobs.models import Job, Rank
+from backend.jobs.models import Job, Rank, Run
+from backend.jobs.runs import (
+    RELAUNCH_QUIET_S,
+    Verdict,
+    attempt_ranks,
+    end_run,
+    judge,
+    latest_run,
+    new_key,
+    start_run,
+)
 
-RELAUNCH_QUIET_S = 60.0  # collectors send a heartbeat every second
+__all__ = ["MAX_ATTEMPT_STEP", "RELAUNCH_QUIET_S", "JobKindConflict", "Launch", "follow_launch"]
+
 MAX_ATTEMPT_STEP = 5
 
 
@@ -47,8 +73,35 @@ class JobKindConflict(Conflict):
 @dataclass(frozen=True)
 class Launch:
     job_id: int
-    attempt: int  # the job's current attempt, after this batch
+    attempt: int  # the job's current attempt (job-wide), after this batch
     current: bool  # whether the batch belongs to it
+    stored: int  # the job-wide attempt the batch's telemetry is stored under
+    run_id: int | None = None  # the run the batch belongs to
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: int
+    kind: str
+    world_size: int
+    attempt: int
+    run_id: int | None
+    run_key: str | None
+    first_attempt: int
+
+
+_COLUMNS = (Job.id, Job.kind, Job.world_size, Job.attempt, Job.run_id, Run.key, Run.first_attempt)
+
+
+def _read(session: Session, name: str, *, lock: bool = False) -> _Row | None:
+    query: Any = select(*_COLUMNS).outerjoin(Run, Run.id == Job.run_id).where(Job.name == name)
+    if lock:
+        query = query.with_for_update(of=Job)
+    row = session.execute(query).first()
+    if row is None:
+        return None
+    job_id, kind, world_size, attempt, run_id, run_key, first_attempt = row
+    return _Row(job_id, kind, world_size, attempt, run_id, run_key, first_attempt or 0)
 
 
 def follow_launch(
@@ -58,45 +111,119 @@ def follow_launch(
     kind: str,
     world_size: int,
     attempt: int,
+    run: str | None = None,
     now: datetime | None = None,
 ) -> Launch:
-    """Find or create the job and decide whether the batch belongs to its current launch
-    (moving the job to the batch's launch when it starts one). The job row is written only
+    """Find or create the job and decide which run and attempt the batch belongs to,
+    moving the job to the batch's launch when it starts one. The job row is written only
     when something about it changes, so concurrent batches from many ranks do not queue on
     one row lock."""
-    columns = (Job.id, Job.kind, Job.world_size, Job.attempt)
-    row = session.execute(select(*columns).where(Job.name == name)).first()
+    row = _read(session, name)
     if row is None:
         session.execute(
             insert_for(session, Job)
-            .values(
-                name=name, kind=kind, world_size=world_size, attempt=attempt, created_at=utcnow()
-            )
+            .values(name=name, kind=kind, world_size=world_size, attempt=0, created_at=utcnow())
             .on_conflict_do_nothing(index_elements=["name"])
         )
-        row = session.execute(select(*columns).where(Job.name == name)).one()
-    job_id, cur_kind, cur_world, cur_attempt = row
-    if kind == cur_kind and attempt == cur_attempt:
-        if world_size != cur_world:  # elastic jobs, evicted ranks
-            session.execute(update(Job).where(Job.id == job_id).values(world_size=world_size))
-        return Launch(job_id, cur_attempt, True)
-    restart = kind == cur_kind and cur_attempt < attempt <= cur_attempt + MAX_ATTEMPT_STEP
-    if not restart and launch_is_live(
-        session=session, job_id=job_id, attempt=cur_attempt, now=now or utcnow()
-    ):
-        if kind != cur_kind:
-            raise JobKindConflict(
-                f"job {name!r} is a {cur_kind} job that is still reporting; {kind} batches "
-                f"under its name are refused until it has been silent for "
-                f"{RELAUNCH_QUIET_S:.0f} s (give this {kind} job another name)"
-            )
-        return Launch(job_id, cur_attempt, False)
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id)
-        .values(kind=kind, attempt=attempt, world_size=world_size)
-    )
-    return Launch(job_id, attempt, True)
+        row = _read(session, name)
+        assert row is not None
+    if row.run_id is not None and run in (None, row.run_key):
+        stored = row.first_attempt + attempt
+        if kind == row.kind and stored == row.attempt:
+            if world_size != row.world_size:  # elastic jobs, evicted ranks
+                session.execute(update(Job).where(Job.id == row.id).values(world_size=world_size))
+            return Launch(row.id, row.attempt, True, stored, row.run_id)
+    locked = _read(session, name, lock=True)
+    assert locked is not None
+    return _Follow(session, locked, kind, world_size, attempt, run, now or utcnow()).decide()
+
+
+@dataclass
+class _Follow:
+    """The rare decisions, with the job row locked."""
+
+    session: Session
+    row: _Row
+    kind: str
+    world_size: int
+    attempt: int
+    key: str | None
+    now: datetime
+
+    def decide(self) -> Launch:
+        row = self.row
+        if row.run_id is None:  # the job's first run (or a job an import made)
+            return self._take_over(self._start(), None)
+        if self.key in (None, row.run_key):
+            return self._within_current()
+        other = latest_run(session=self.session, job_id=row.id, key=self.key or "")
+        if self._live():
+            if self.kind != row.kind:
+                raise self._kind_conflict()
+            if other is None:  # a new launch: it waits, kept apart, until this one is over
+                other = self._start()
+            # (or late data of a run that ended, kept under its own attempts)
+            return Launch(row.id, row.attempt, False, other.first_attempt + self.attempt, other.id)
+        if other is None or other.state != "running":
+            other = self._start()
+        return self._take_over(other, row.run_id)
+
+    def _within_current(self) -> Launch:
+        row = self.row
+        stored = row.first_attempt + self.attempt
+        if self.kind == row.kind and stored == row.attempt:  # another batch moved it already
+            return Launch(row.id, row.attempt, True, stored, row.run_id)
+        restart = self.kind == row.kind and row.attempt < stored <= row.attempt + MAX_ATTEMPT_STEP
+        if restart:
+            self._move(row.run_id, stored)
+            return Launch(row.id, stored, True, stored, row.run_id)
+        if self._live():
+            if self.kind != row.kind:
+                raise self._kind_conflict()
+            return Launch(row.id, row.attempt, False, stored, row.run_id)
+        # The current launch is over: this batch starts the next run, under the same key.
+        return self._take_over(self._start(), row.run_id)
+
+    def _start(self) -> Run:
+        key = self.key or new_key(self.now)
+        return start_run(
+            session=self.session, job_id=self.row.id, key=key, kind=self.kind, now=self.now
+        )
+
+    def _take_over(self, run: Run, previous: int | None) -> Launch:
+        """Make ``run`` the job's current run, ending the one it replaces."""
+        if previous is not None:
+            old = self.session.get(Run, previous)
+            if old is not None and old.state == "running":
+                ranks = attempt_ranks(
+                    session=self.session, job_id=self.row.id, attempt=self.row.attempt
+                )
+                verdict = judge(ranks, now=self.now, final=True)
+                reason = f"{verdict.reason}; run #{run.number} took over"
+                end_run(run=old, verdict=Verdict(verdict.state, reason), now=self.now)
+        stored = run.first_attempt + self.attempt
+        self._move(run.id, stored)
+        return Launch(self.row.id, stored, True, stored, run.id)
+
+    def _move(self, run_id: int | None, attempt: int) -> None:
+        self.session.execute(
+            update(Job)
+            .where(Job.id == self.row.id)
+            .values(kind=self.kind, attempt=attempt, world_size=self.world_size, run_id=run_id)
+        )
+
+    def _live(self) -> bool:
+        return launch_is_live(
+            session=self.session, job_id=self.row.id, attempt=self.row.attempt, now=self.now
+        )
+
+    def _kind_conflict(self) -> JobKindConflict:
+        name = self.session.scalar(select(Job.name).where(Job.id == self.row.id))
+        return JobKindConflict(
+            f"job {name!r} is a {self.row.kind} job that is still reporting; {self.kind} "
+            f"batches under its name are refused until it has been silent for "
+            f"{RELAUNCH_QUIET_S:.0f} s (give this {self.kind} job another name)"
+        )
 
 
 def launch_is_live(*, session: Session, job_id: int, attempt: int, now: datetime) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 # A reading where NaN/Inf is the signal (loss, grad norm, a detector's score). JSON has no
 # NaN, so models with ``ser_json_inf_nan="strings"`` send "NaN", "Infinity" or
@@ -25,21 +25,40 @@ Reading = Annotated[
 ]
 
 
+class RunOut(BaseModel):
+    """One launch of the job (``backend.jobs.runs``)."""
+
+    number: int = Field(description="1, 2, … within the job")
+    key: str = Field(description="vigil run's or torchrun's run id, or one the server made")
+    kind: str
+    state: str = Field(description="running, finished, failed or lost")
+    started_at: datetime
+    ended_at: datetime | None
+    reason: str = Field(description="Why it ended, for people")
+
+
 class JobOut(BaseModel):
     name: str
     kind: str
     world_size: int
-    attempt: int
+    attempt: int = Field(description="The current run's restart attempt (torchrun's count)")
     created_at: datetime
     last_seen_at: datetime | None
     last_step: int | None
-    ranks_reporting: int
+    ranks_reporting: int = Field(
+        description="Ranks of the current run that report now: no goodbye, seen in the last 15 s"
+    )
+    state: str | None = Field(
+        None, description="The current run's state: running, finished, failed or lost"
+    )
+    run: RunOut | None = None
 
 
 class JobDetail(JobOut):
     steps_stored: int
     step_time_median_s: float | None
     open_incidents: int
+    runs: list[RunOut] = Field(default_factory=list, description="Newest first")
 
 
 class StepOut(BaseModel):
@@ -49,7 +68,8 @@ class StepOut(BaseModel):
 
     step: int
     rank: int
-    attempt: int
+    run: int | None = Field(None, description="The run's number")
+    attempt: int = Field(description="The restart attempt within the run")
     ts: float
     duration_s: float
     comm_s: float | None
@@ -71,7 +91,8 @@ class StepPage(BaseModel):
 class RankOut(BaseModel):
     rank: int
     host: str | None
-    attempt: int
+    run: int | None = Field(None, description="The number of the run it last reported for")
+    attempt: int = Field(description="The restart attempt within that run")
     last_step: int | None
     current_step: int | None
     last_step_ts: float | None
@@ -80,5 +101,6 @@ class RankOut(BaseModel):
     inflight: dict[str, Any] | None
     pid: int | None
     exited: bool
+    exit_code: int | None = Field(None, description="What its goodbye said, when it said")
     drops: dict[str, int] | None
     last_seen_at: datetime

@@ -4,51 +4,82 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, and_, func, or_, select, tuple_
+from sqlalchemy import and_, case, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from backend.db import utcnow
 from backend.errors import NotFound
 from backend.incidents.models import Incident
-from backend.jobs.models import Job, Rank
+from backend.jobs.models import Job, Rank, Run
+from backend.jobs.runs import ATTEMPTS_PER_RUN, LIVE_RANK_S, list_runs, run_map
 from backend.telemetry.models import ROLLUP_WIDTHS, StepRecord, StepRollup
 from backend.telemetry.queries import median_recent_step_s
 
 
-def _rank_rollup() -> Any:
+def _rank_rollup(now: datetime) -> Any:
+    """Per job, over the ranks of its current run: the last step, when one was last seen,
+    and how many report now (no goodbye, seen within ``LIVE_RANK_S``)."""
+    live = and_(Rank.exited.is_(False), Rank.last_seen_at >= now - timedelta(seconds=LIVE_RANK_S))
     return (
         select(
             Rank.job_id,
             func.max(Rank.last_step).label("last_step"),
             func.max(Rank.last_seen_at).label("last_seen_at"),
-            func.count().label("ranks_reporting"),
+            func.count(case((live, 1))).label("ranks_reporting"),
         )
+        .join(Job, Job.id == Rank.job_id)
+        .outerjoin(Run, Run.id == Job.run_id)
+        .where(Rank.attempt >= func.coalesce(Run.first_attempt, 0))
         .group_by(Rank.job_id)
         .subquery()
     )
 
 
-def _summary(row: Row[Any]) -> dict[str, Any]:
-    job = row[0]
+def _summary(row: Any) -> dict[str, Any]:
+    job, run = row[0], row[1]
     return {
         "name": job.name,
         "kind": job.kind,
         "world_size": job.world_size,
-        "attempt": job.attempt,
+        "attempt": job.attempt - (run.first_attempt if run is not None else 0),
         "created_at": job.created_at,
         "last_seen_at": row.last_seen_at,
         "last_step": row.last_step,
         "ranks_reporting": row.ranks_reporting or 0,
+        "state": run.state if run is not None else None,
+        "run": run_out(run) if run is not None else None,
     }
 
 
-def list_jobs(*, session: Session) -> list[dict[str, Any]]:
-    r = _rank_rollup()
-    rows = session.execute(
-        select(Job, r.c.last_step, r.c.last_seen_at, r.c.ranks_reporting)
+def run_out(run: Run) -> dict[str, Any]:
+    """A run as the API shows it (``RunOut``)."""
+    return {
+        "number": run.number,
+        "key": run.key,
+        "kind": run.kind,
+        "state": run.state,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "reason": run.reason,
+    }
+
+
+def _jobs_query() -> Any:
+    r = _rank_rollup(utcnow())
+    return (
+        select(Job, Run, r.c.last_step, r.c.last_seen_at, r.c.ranks_reporting)
+        .outerjoin(Run, Run.id == Job.run_id)
         .outerjoin(r, r.c.job_id == Job.id)
-        .order_by(r.c.last_seen_at.desc().nulls_last(), Job.name)
+    )
+
+
+def list_jobs(*, session: Session) -> list[dict[str, Any]]:
+    query = _jobs_query()
+    rows = session.execute(
+        query.order_by(query.selected_columns.last_seen_at.desc().nulls_last(), Job.name)
     )
     return [_summary(row) for row in rows]
 
@@ -66,16 +97,12 @@ def require_job_id(*, session: Session, name: str) -> int:
 
 
 def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
-    r = _rank_rollup()
-    row = session.execute(
-        select(Job, r.c.last_step, r.c.last_seen_at, r.c.ranks_reporting)
-        .outerjoin(r, r.c.job_id == Job.id)
-        .where(Job.name == name)
-    ).first()
+    row = session.execute(_jobs_query().where(Job.name == name)).first()
     if row is None:
         return None
     job_id = row[0].id
     out = _summary(row)
+    out["runs"] = [run_out(r) for r in list_runs(session=session, job_id=job_id)]
     out["steps_stored"] = steps_stored(session=session, job_id=job_id)
     out["step_time_median_s"] = median_recent_step_s(session=session, job_id=job_id)
     out["open_incidents"] = session.scalar(
@@ -128,9 +155,16 @@ def list_steps(
     to_step: int | None = None,
     limit: int = 1000,
     after: StepCursor | None = None,
+    run: Run | None = None,
 ) -> tuple[list[StepRecord], StepCursor | None]:
-    """Steps ordered by (step, rank), filtered, one page at a time."""
+    """Steps ordered by (step, rank), filtered (``run``: that run's attempts only), one
+    page at a time."""
     query = select(StepRecord).where(StepRecord.job_id == job_id)
+    if run is not None:
+        query = query.where(
+            StepRecord.attempt >= run.first_attempt,
+            StepRecord.attempt < run.first_attempt + ATTEMPTS_PER_RUN,
+        )
     if rank is not None:
         query = query.where(StepRecord.rank == rank)
     if from_step is not None:
@@ -164,15 +198,19 @@ def list_steps(
 
 
 def list_ranks(*, session: Session, job_id: int, now: float) -> list[dict[str, Any]]:
+    """Each rank's latest state, with its run's number and the attempt within that run."""
     rows = session.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank))
+    runs = run_map(session=session, job_id=job_id)
     out = []
     for r in rows:
         age = None if r.last_heartbeat_ts is None else max(0.0, now - r.last_heartbeat_ts)
+        run, attempt = runs.locate(r.attempt)
         out.append(
             {
                 "rank": r.rank,
                 "host": r.host,
-                "attempt": r.attempt,
+                "run": run.number if run is not None else None,
+                "attempt": attempt,
                 "last_step": r.last_step,
                 "current_step": r.current_step,
                 "last_step_ts": r.last_step_ts,
@@ -181,6 +219,7 @@ def list_ranks(*, session: Session, job_id: int, now: float) -> list[dict[str, A
                 "inflight": r.inflight,
                 "pid": r.pid,
                 "exited": r.exited,
+                "exit_code": r.exit_code,
                 "drops": r.drops,
                 "last_seen_at": r.last_seen_at,
             }

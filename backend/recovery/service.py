@@ -39,6 +39,7 @@ from backend.actions.service import (
     cancel,
     create_action,
     expire_actions,
+    expire_for,
     job_attempt,
     lock_action,
 )
@@ -46,8 +47,9 @@ from backend.actions.states import transition
 from backend.audit.service import audit, list_audit
 from backend.db import utcnow
 from backend.errors import Conflict, NotFound
-from backend.incidents.models import Incident
+from backend.incidents.models import INCIDENT_KINDS, Incident
 from backend.jobs.models import Job
+from backend.jobs.runs import require_live, run_over
 from backend.recovery.facts import job_timing
 from backend.recovery.guards import GuardResult, check_guards
 from backend.recovery.policies import (
@@ -73,6 +75,7 @@ __all__ = [
     "list_policies",
     "put_policy",
     "respond",
+    "retire",
     "withdraw",
 ]
 
@@ -125,6 +128,36 @@ def withdraw(
     return list(waiting)
 
 
+# Kinds whose waiting proposals are moot once the incident resolves: the condition went
+# away. A diverged model (nan, loss_spike) still needs its rollback, and a new op sequence
+# its swap policy, after the incident itself is over.
+MOOT_WHEN_RESOLVED = frozenset(INCIDENT_KINDS) - {"nan", "loss_spike", "opseq_change"}
+
+
+def retire(
+    *, session: Session, incidents: list[Incident], now: datetime | None = None
+) -> list[Action]:
+    """Expire the proposals nobody approved of incidents that resolved (of the kinds in
+    ``MOOT_WHEN_RESOLVED``), so no page offers to approve a restart for a straggler that
+    is no longer slow. ``result.expired_because`` and the audit entry say why."""
+    now = now or utcnow()
+    ids = [i.id for i in incidents if i.status == "resolved" and i.kind in MOOT_WHEN_RESOLVED]
+    if not ids:
+        return []
+    proposals = list(
+        session.scalars(
+            select(Action)
+            .where(Action.incident_id.in_(ids), Action.state == "proposed")
+            .order_by(Action.id)
+            .with_for_update()
+        )
+    )
+    for action in proposals:
+        reason = f"incident {action.incident_id} resolved before anyone approved this"
+        expire_for(session=session, action=action, reason=reason, now=now)
+    return proposals
+
+
 def _respond_one(
     *, session: Session, incident: Incident, settings: Settings | None, now: datetime
 ) -> Action | None:
@@ -147,6 +180,9 @@ def _respond_one(
 
     if policy.mode == "off":
         note("skipped", reason=f"the policy ({policy.source}) is off for {incident.kind}")
+        return None
+    if run_over(session=session, job_id=job.id):  # found in an ended run's last data
+        note("skipped", reason="the job's run has ended: no process is left to act on")
         return None
     existing = session.scalar(
         select(Action).where(Action.incident_id == incident.id).order_by(Action.id).limit(1)
@@ -176,6 +212,8 @@ def _respond_one(
             world_size=job.world_size,
             allowed=policy.actions,
             first_step=incident.first_step,
+            remaining_s=timing.remaining_s,
+            plan_note=timing.plan_note,
         )
         decision = decide(facts)
     except (TypeError, ValueError) as exc:  # a bad stored param must not break detection
@@ -266,6 +304,8 @@ def approve(
         )
     if action.expires_at is not None and action.expires_at < now:
         raise Conflict(f"action {action_id}'s proposal expired at {action.expires_at.isoformat()}")
+    # Nobody to run it (its run ended, no rank reports): refused, not left pending forever.
+    require_live(session=session, job_id=action.job_id, now=now, attempt=action.attempt)
     policy = _policy_for(session, action)
     guards = check_guards(
         session=session,

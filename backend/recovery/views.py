@@ -77,7 +77,11 @@ def _decide(
 @router.post(
     "/jobs/{job}/actions/{action_id}/approve",
     response_model=ActionOut,
-    responses=errors(404, 409, e409="Not proposed, expired, or a guard blocks it (`guards`)"),
+    responses=errors(
+        404,
+        409,
+        e409="Not proposed, expired, its run has no live rank, or a guard blocks it (`guards`)",
+    ),
 )
 def approve_action(
     job: str,
@@ -87,8 +91,10 @@ def approve_action(
     principal: Admin,
     body: Annotated[DecisionIn | None, Body()] = None,
 ) -> Any:
-    """Release a proposed action to the job's ranks. 409 when it is not proposed, or when
-    the cooldown or hourly cap blocks it (send `{"force": true}` to override)."""
+    """Release a proposed action to the job's ranks. 409 when it is not proposed, when no
+    rank could receive it (the job's run ended, none of its ranks reports, or the action
+    was made for an earlier run), or when the cooldown or hourly cap blocks it (send
+    `{"force": true}` to override the guards)."""
     return _decide(request, session, job, action_id, body, principal, approve=True)
 
 

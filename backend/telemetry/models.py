@@ -46,6 +46,11 @@ class StepRecord(Base):
     mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     tokens: Mapped[int | None] = mapped_column(BigInteger)
     opseq: Mapped[str | None] = mapped_column(String(64))
+    # The step's structural fingerprint (modules and shapes), every step (collector shape_fp.py).
+    shape_fp: Mapped[str | None] = mapped_column(String(64))
+    # The activation-swap policy version the step ran under, and the peak it measured.
+    swap_policy: Mapped[int | None] = mapped_column(Integer)
+    swap_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 # Bin widths (steps) of the step rollups, finest first; each divides the next.
@@ -137,6 +142,10 @@ class OpSequence(Base):
     ops: Mapped[list[Any]] = mapped_column(JSON)
     first_rank: Mapped[int] = mapped_column(Integer)
     first_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The op names alone, hashed: equal structure with a new hash is a shape change.
+    structure: Mapped[str | None] = mapped_column(String(64))
+    # The profiled step shipped with the sequence (PROFILE of ``detectors.swap``), if any.
+    profile: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ServingRequest(Base):

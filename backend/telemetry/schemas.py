@@ -111,11 +111,86 @@ class RankCompute(BaseModel):
     compute_s: list[float | None]
 
 
-class EvidenceChart(BaseModel):
+class LivenessRank(BaseModel):
+    rank: int
+    named: bool = Field(description="named by the incident (a culprit or a crashed rank)")
+    step: list[int] = Field(description="its last steps before the incident was detected")
+    step_end_s: list[float] = Field(description="when each ended, s relative to detection")
+    last_step: int | None
+    heartbeat_s: float | None = Field(description="latest heartbeat, s relative to detection")
+    inflight: str | None = Field(description="the collective it is in: group op #seq")
+    exited: bool
+
+
+class NonFiniteSteps(BaseModel):
+    loss: list[int]
+    grad_norm: list[int]
+
+
+class GroupGbps(BaseModel):
+    group: str
+    slow: bool = Field(description="one of the incident's slow groups (else a median)")
     step: list[int]
-    median: list[float | None] = Field(description="median compute time (s) over all ranks")
-    ranks: list[RankCompute] = Field(description="the incident's named ranks (at most 8)")
+    gbps: list[float | None]
+
+
+class EvidenceChart(BaseModel):
+    """One of the charts ``backend.telemetry.evidence`` describes; ``chart`` says which,
+    and only that chart's keys are present."""
+
+    chart: Literal["compute", "numerics", "liveness", "bandwidth", "none"]
     first_step: int | None
+    step: list[int] = Field(default_factory=list)
+    median: list[float | None] = Field(
+        default_factory=list, description="compute: median compute time (s) over all ranks"
+    )
+    ranks: list[RankCompute] = Field(
+        default_factory=list, description="compute: the incident's named ranks (at most 8)"
+    )
+    loss: list[float | None] = Field(default_factory=list, description="numerics: median")
+    grad_norm: list[float | None] = Field(default_factory=list, description="numerics: median")
+    nonfinite: NonFiniteSteps | None = Field(
+        default=None, description="numerics: steps where some rank reported NaN/Inf"
+    )
+    liveness: list[LivenessRank] = Field(default_factory=list)
+    groups: list[GroupGbps] = Field(default_factory=list, description="bandwidth")
+
+
+class StackFrame(BaseModel):
+    file: str | None
+    line: int | None
+    function: str | None
+    code: str | None = Field(description="the source line; a line that is no frame: its text")
+
+
+class StackThread(BaseModel):
+    thread: str
+    frames: list[StackFrame] = Field(description="outermost first")
+    training: bool = Field(description="the thread that runs the training loop")
+    infra: bool = Field(description="the collector's own thread (vigil-*)")
+    hung_frame: int | None = Field(description="training thread: its innermost frame's index")
+    user_frame: int | None = Field(description="training thread: innermost frame of user code")
+
+
+class StackDump(BaseModel):
+    rank: int
+    step: int | None
+    ts: float | None
+    pid: int | None
+    reason: str
+    signature: str | None = Field(description="same value: training threads in the same place")
+    threads: list[StackThread] = Field(description="training thread first, vigil-* last")
+
+
+class StackGroup(BaseModel):
+    signature: str
+    ranks: list[int]
+
+
+class StackDumps(BaseModel):
+    dumps: list[StackDump] = Field(description="the latest dump of each rank (at most 64)")
+    ranks_with_dumps: int
+    groups: list[StackGroup] = Field(description="ranks stuck in the same place, fewest first")
 
 
 # --- the serving page (``backend.telemetry.serving_views``) -----------------------------------

@@ -5,7 +5,9 @@ sign-in cookie (development: open).
     GET /api/v1/jobs/llama/series?max_steps=1000     step time, loss, peak memory, incidents
     GET /api/v1/jobs/llama/bandwidth?max_steps=500   collective bytes/s per process group
     GET /api/v1/jobs/llama/overview                  current step, goodput, incidents
-    GET /api/v1/incidents/12/evidence-chart          named ranks vs the median, around onset
+    GET /api/v1/incidents/12/evidence-chart          the chart that fits the incident's kind
+    GET /api/v1/jobs/llama/stacks                    each rank's latest stack dump
+    GET /api/v1/incidents/12/stacks                  the dumps taken since the incident opened
 
 Keys a chart leaves out stay out of its JSON (``response_model_exclude_unset``): ``rollup``
 only where the chart was read from the rollups, bin sizes only where the job has steps.
@@ -24,7 +26,16 @@ from backend.goodput.service import job_goodput
 from backend.incidents.service import get_incident
 from backend.jobs import service as jobs
 from backend.telemetry import queries
-from backend.telemetry.schemas import Bandwidth, EvidenceChart, Heatmap, JobOverview, Series
+from backend.telemetry.evidence import incident_chart
+from backend.telemetry.schemas import (
+    Bandwidth,
+    EvidenceChart,
+    Heatmap,
+    JobOverview,
+    Series,
+    StackDumps,
+)
+from backend.telemetry.stacks import stack_dumps
 from backend.ui.auth import ReadApi
 
 router = APIRouter(prefix="/api/v1", tags=["dashboard"])
@@ -140,11 +151,39 @@ def job_overview(job: str, session: SessionDep, _: ReadApi) -> Any:
     responses=errors(404),
 )
 def evidence_chart(incident_id: RowId, session: SessionDep, _: ReadApi) -> Any:
-    """Compute time per step around the incident's first step: each named rank and the
-    median over all ranks."""
+    """The chart that fits the incident's kind, around its first step (`chart` says which):
+    `compute` (named ranks' compute time vs the median: stragglers, slowdowns), `numerics`
+    (loss and grad norm: nan, loss_spike), `liveness` (each rank's last steps and heartbeat:
+    hang, crash), `bandwidth` (slow groups vs the others: comm_anomaly), `none` (a Flight
+    Recorder import: its table is on the incident page)."""
     row = get_incident(session=session, incident_id=incident_id)
     if row is None:
         raise NotFound(f"incident {incident_id} not found")
-    return queries.evidence_chart(
-        session=session, job_id=row.job_id, ranks=row.ranks or [], first_step=row.first_step
+    return incident_chart(session=session, incident=row)
+
+
+# Dumps taken a little before the incident was stored still belong to it (clock skew).
+STACKS_SLACK_S = 5.0
+
+
+@router.get("/jobs/{job}/stacks", response_model=StackDumps, responses=errors(404))
+def job_stacks(job: str, session: SessionDep, _: ReadApi) -> Any:
+    """Each rank's latest Python stack dump (the `dump_stacks` action's answer): every
+    thread, the training thread first with its innermost frame marked (`hung_frame`), and
+    `groups` of ranks stuck in the same place, the odd ones out first."""
+    return stack_dumps(session=session, job_id=jobs.require_job_id(session=session, name=job))
+
+
+@router.get("/incidents/{incident_id}/stacks", response_model=StackDumps, responses=errors(404))
+def incident_stacks(incident_id: RowId, session: SessionDep, _: ReadApi) -> Any:
+    """The stack dumps of the incident's job taken since it was detected, its named ranks
+    first (see `GET /api/v1/jobs/{job}/stacks`)."""
+    row = get_incident(session=session, incident_id=incident_id)
+    if row is None:
+        raise NotFound(f"incident {incident_id} not found")
+    return stack_dumps(
+        session=session,
+        job_id=row.job_id,
+        since_ts=row.detected_at.timestamp() - STACKS_SLACK_S,
+        first_ranks=row.ranks or [],
     )

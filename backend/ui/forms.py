@@ -20,9 +20,10 @@ from backend.alerts import sender
 from backend.alerts import service as alerts
 from backend.alerts.schemas import DeliveryOut, WebhookCreate
 from backend.auth.service import create_token, normalize_scopes, revoke_token
-from backend.db import session_scope
+from backend.db import session_scope, utcnow
 from backend.deps import SessionDep
 from backend.incidents.models import Incident
+from backend.jobs.runs import require_live
 from backend.jobs.service import get_job_id
 from backend.recovery import service as recovery
 from backend.ui.auth import AdminPage, CsrfForm, Form, safe_next, sign_in, sign_out, verify
@@ -134,6 +135,7 @@ def trigger(job: str, form: CsrfForm, who: AdminPage, session: SessionDep) -> Re
         incident = session.get(Incident, int(form.get_str("incident_id")))
         incident_id = incident.id if incident is not None and incident.job_id == job_id else None
     nonce = form.get_str("nonce")[:64]
+    require_live(session=session, job_id=job_id, now=utcnow())  # a 409 page saying why
     actions.create_action(
         session=session,
         job_id=job_id,

@@ -10,7 +10,6 @@ Chart data comes from ``backend.telemetry`` (queries and JSON routes).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -93,23 +92,6 @@ def alerts(*, session: Session, recent: int = 100) -> tuple[list[Any], list[Any]
         .limit(recent)
     ).all()
     return opened, list(resolved)
-
-
-def evidence_rows(evidence: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
-    """A detector's evidence flattened to ``(key, text)`` pairs for a table; nested dicts
-    become dotted keys, numbers are shortened, lists and the rest shown as JSON."""
-    out: list[tuple[str, str]] = []
-    for key, value in evidence.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.extend(evidence_rows(value, prefix=f"{name}."))
-        elif isinstance(value, float):
-            out.append((name, f"{value:.6g}"))
-        elif isinstance(value, str):
-            out.append((name, value))
-        else:
-            out.append((name, json.dumps(value, default=str)))
-    return out
 
 
 def incident_actions(*, session: Session, incident_id: int) -> list[Action]:

@@ -33,10 +33,14 @@ from backend.incidents.service import get_incident, list_incidents
 from backend.jobs import service as jobs
 from backend.jobs.models import Job
 from backend.recovery.models import POLICY_MODES, RecoveryPolicy
+from backend.swap.report import job_swap
 from backend.ui import overview
 from backend.ui.auth import TOKEN_COOKIE, AdminPage, ReadPage, principal, safe_next
 from backend.ui.errors import PageError, PageRoute
+from backend.ui.evidence import evidence_context, untimed_view
+from backend.ui.handling import alerts_context, incident_handling
 from backend.ui.render import render
+from backend.ui.run_view import run_context
 from backend.ui.stream import incident_signature
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False)
@@ -53,6 +57,7 @@ def job_urls(name: str) -> dict[str, str]:
         "stream": f"/ui/jobs/{q}/stream",
         "actions": f"/ui/jobs/{q}/actions",
         "serving": f"/jobs/{q}/serving",
+        "stacks": f"/api/v1/jobs/{q}/stacks",
     }
 
 
@@ -74,14 +79,19 @@ def job_page(request: Request, job: str, session: SessionDep, _: ReadPage) -> Re
     job_id = jobs.get_job_id(session=session, name=job)
     assert job_id is not None
     urls = job_urls(job)
+    job_actions = actions.list_actions(session=session, job_id=job_id, limit=20)
     context = {
         "job": found,
         "urls": urls,
         "ranks": jobs.list_ranks(session=session, job_id=job_id, now=time.time()),
         "incidents": list_incidents(session=session, job_id=job_id, limit=50),
-        "actions": actions.list_actions(session=session, job_id=job_id, limit=20),
+        "actions": job_actions,
+        **run_context(session=session, job_id=job_id, actions=job_actions),
         "action_kinds": ACTION_KINDS,
         "nonce": uuid.uuid4().hex,
+        "swap": job_swap(session=session, job_id=job_id),
+        "untimed": untimed_view(session=session, job_id=job_id),
+        "stacks_url": urls["stacks"],
     }
     page = {
         "script": "job",
@@ -89,6 +99,7 @@ def job_page(request: Request, job: str, session: SessionDep, _: ReadPage) -> Re
         "urls": urls,
         "current_step": found["last_step"],
         "incidents_signature": incident_signature(session, job_id),
+        "run_state": found["state"],
     }
     return render(request, "job.html", context, page=page)
 
@@ -100,15 +111,19 @@ def incident_page(request: Request, incident_id: int, session: SessionDep, _: Re
         raise PageError(404, f"No incident {incident_id}.")
     job = session.get(Job, row.job_id)
     name = job.name if job else ""
+    incident_actions = overview.incident_actions(session=session, incident_id=row.id)
     context = {
         "incident": row,
         "job_name": name,
         "urls": job_urls(name),
-        "evidence": overview.evidence_rows(row.evidence or {}),
-        "actions": overview.incident_actions(session=session, incident_id=row.id),
+        **evidence_context(row.evidence or {}),
+        "stacks_url": f"/api/v1/incidents/{row.id}/stacks",
+        "actions": incident_actions,
+        **run_context(session=session, job_id=row.job_id, actions=incident_actions),
         "audit": list_audit(session=session, job_id=row.job_id, incident_id=row.id, limit=50),
         "action_kinds": ACTION_KINDS,
         "nonce": uuid.uuid4().hex,
+        **incident_handling(session, row, name),
     }
     page = {
         "script": "incident",
@@ -121,13 +136,7 @@ def incident_page(request: Request, incident_id: int, session: SessionDep, _: Re
 @router.get("/alerts")
 def alerts_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
     opened, resolved = overview.alerts(session=session)
-    context = {
-        "open": [i for i, _ in opened],
-        "open_jobs": [name for _, name in opened],
-        "resolved": [i for i, _ in resolved],
-        "resolved_jobs": [name for _, name in resolved],
-    }
-    return render(request, "alerts.html", context)
+    return render(request, "alerts.html", alerts_context(session, opened, resolved))
 
 
 @router.get("/settings")

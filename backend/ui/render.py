@@ -33,6 +33,13 @@ DONE = {
     "policy_set": "Recovery policy saved.",
     "token_revoked": "Token revoked.",
     "signed_out": "Signed out.",
+    "acknowledged": "Incident acknowledged: no more reminders while it stays open.",
+    "unacknowledged": "Acknowledgement taken back.",
+    "resolved_by_hand": "Incident resolved; receivers that were told it fired hear it ended.",
+    "silenced": "Silence created: matching incidents send no notifications until it ends.",
+    "silence_expired": "Silence expired.",
+    "sent_open": "The open incidents were sent to the receiver.",
+    "nothing_open": "No open incident matches that receiver: nothing was sent.",
 }
 
 

@@ -1,8 +1,8 @@
 """The web dashboard, mounted as one ``router`` in ``backend/api.py``.
 
 - pages (``backend.ui.pages``, the serving page ``backend.ui.serving``) and form posts
-  (``backend.ui.forms``): server-rendered with Jinja2, autoescaping on for every
-  template; user text is never marked safe;
+  (``backend.ui.forms``; alert handling: ``backend.ui.handling_forms``): server-rendered
+  with Jinja2, autoescaping on for every template; user text is never marked safe;
 - live updates (``backend.ui.stream``, SSE); the charts' JSON is the telemetry domain's
   (``backend.telemetry.views``);
 - ``/static/plotly.min.js``: plotly.js from the installed ``plotly`` package, so the
@@ -20,12 +20,13 @@ from importlib import resources
 
 from fastapi import APIRouter, Request, Response
 
-from backend.ui import forms, pages, serving, stream
+from backend.ui import forms, handling_forms, pages, serving, stream
 
 router = APIRouter()
 router.include_router(pages.router)
 router.include_router(serving.router)
 router.include_router(forms.router)
+router.include_router(handling_forms.router)
 router.include_router(stream.router)
 
 

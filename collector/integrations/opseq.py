@@ -128,7 +128,7 @@ class OpSeqListener(StepListener):
     def on_step_end(self, step: int) -> None:
         shape = RECORDER.stop() if self.shapes else None
         if shape is not None:
-            _set_step_field(self.client, "shape_fp", shape)
+            self.client.set_step_fields(shape_fp=shape)
         if self.capture is not None:
             self._finish(record=True, shape=shape)
         if self.wanted is not None and self.wanted in self.captured:  # a sampled step did
@@ -168,14 +168,6 @@ class OpSeqListener(StepListener):
             except Exception:
                 log.warning("vigil: op-sequence profile failed; shipped without it", exc_info=True)
             self.client.submit(event)
-
-
-def _set_step_field(client: Client, name: str, value: Any) -> None:
-    """Put ``name`` on the step record being timed (it is emitted with the record)."""
-    cur = client._current
-    if cur is not None:
-        fields: dict[str, Any] = cur.fields
-        fields[name] = value
 
 
 class _Capture:

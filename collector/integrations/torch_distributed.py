@@ -13,7 +13,15 @@ live client: group label, member ranks, op, bytes of its input tensors.
   reports the call as in flight.
 - ``async_op=True`` calls return torch's own ``Work`` (no proxy); the record ends when
   ``work.get_future()`` completes. Work without futures (gloo ``isend``/``irecv``) ends when
-  ``Work.wait()`` returns, or when the ``Work`` is garbage collected without a wait.
+  ``Work.wait()`` returns, or when the ``Work`` is garbage collected without a wait; until a
+  thread waits on it the call is *parked* and the heartbeat leaves it out (a rank computing
+  while its send waits for the receiver is not blocked in that send).
+- Point-to-point calls (``send``/``recv``, ``isend``/``irecv``, ``batch_isend_irecv``, the
+  object variants) carry their peers as global ranks (``group_dst``/``group_src`` resolved
+  through the group); a batch's op leaves them when its work completes. The heartbeat's
+  in-flight op reports them (``peers``), so the server follows a pipeline's waits from rank
+  to rank. They do not advance the group's collective ``seq`` (they carry the number of
+  collectives before them, as Flight Recorder does).
 - A call made inside another recorded one on the same thread (``send`` → ``isend``,
   ``broadcast_object_list`` → ``broadcast``) is not recorded twice; object collectives add
   the bytes of the tensor collectives they issue.
@@ -91,6 +99,15 @@ _FUNCTIONS: tuple[tuple[str, str | None], ...] = (
     ("recv_object_list", None),
 )
 _OBJECT_OPS = frozenset(n for n, _ in _FUNCTIONS if "object" in n)
+# Point-to-point functions: (global peer parameter, group-local peer parameter).
+_PEER_PARAMS = {
+    "send": ("dst", "group_dst"),
+    "isend": ("dst", "group_dst"),
+    "send_object_list": ("dst", "group_dst"),
+    "recv": ("src", "group_src"),
+    "irecv": ("src", "group_src"),
+    "recv_object_list": ("src", "group_src"),
+}
 _ALWAYS_ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})
 _OP_NAMES = {
     "_all_gather_base": "all_gather_into_tensor",
@@ -124,6 +141,11 @@ class _Spec:
     always_async: bool
     objects: bool
     group_param: str = "group"
+    # Point-to-point: where the peer is passed, as a global and as a group rank.
+    peer_at: int | None = None
+    peer_param: str | None = None
+    group_peer_at: int | None = None
+    group_peer_param: str | None = None
 
 
 def setup_once(client: Client) -> None:
@@ -162,6 +184,7 @@ def _patch_functions(dist: Any, c10d: Any) -> None:
         if original is None or not callable(original):
             continue
         params = list(inspect.signature(original).parameters)
+        peer, group_peer = _PEER_PARAMS.get(name, (None, None))
         spec = _Spec(
             op=_OP_NAMES.get(name, name),
             group_at=params.index("group") if "group" in params else None,
@@ -170,6 +193,10 @@ def _patch_functions(dist: Any, c10d: Any) -> None:
             async_at=params.index("async_op") if "async_op" in params else None,
             always_async=name in _ALWAYS_ASYNC,
             objects=name in _OBJECT_OPS,
+            peer_at=params.index(peer) if peer in params else None,
+            peer_param=peer,
+            group_peer_at=params.index(group_peer) if group_peer in params else None,
+            group_peer_param=group_peer,
         )
         wrapper = _wrap(original, spec)
         _originals[name], _wrappers[name] = original, wrapper
@@ -241,22 +268,43 @@ def _begin(client: Client, spec: _Spec, args: Any, kwargs: Any) -> Collective | 
     try:
         if _compiling() or _coalescing():
             return None
+        peers: tuple[int, ...] | None = None
         if spec.op == "batch_isend_irecv":
             ops = _arg(args, kwargs, 0, "p2p_op_list", None) or []
             group = ops[0].group if ops else None
             nbytes = sum(_tensor_bytes(getattr(p, "tensor", None)) for p in ops)
+            peers = tuple(int(p.peer) for p in ops if getattr(p, "peer", None) is not None)
         else:
             group = None
             if spec.group_at is not None:
                 group = _arg(args, kwargs, spec.group_at, spec.group_param, None)
             nbytes = _payload_bytes(spec, args, kwargs)
+            if spec.peer_param is not None:
+                peers = _peer(spec, args, kwargs, group)
         info = _group_info(group)
         if info is None:  # this rank is not in the group: torch makes it a no-op
             return None
-        return client.collective_begin(info[0], spec.op, nbytes, info[1])
+        return client.collective_begin(info[0], spec.op, nbytes, info[1], peers)
     except Exception:
         log.debug("vigil: collective begin failed", exc_info=True)
         return None
+
+
+def _peer(spec: _Spec, args: Any, kwargs: Any, group: Any) -> tuple[int, ...]:
+    """The global rank a send goes to or a receive comes from; ``()`` for a receive from
+    any source (``src=None``) or a peer that cannot be resolved."""
+    peer = _arg(args, kwargs, spec.peer_at, spec.peer_param or "", None)
+    if peer is not None:
+        return (int(peer),)
+    local = _arg(args, kwargs, spec.group_peer_at, spec.group_peer_param or "", None)
+    if local is None:
+        return ()
+    if group is None or group is _c10d.GroupMember.WORLD:
+        return (int(local),)
+    try:
+        return (int(_c10d.get_global_rank(group, int(local))),)
+    except Exception:
+        return ()
 
 
 def _coalescing() -> bool:
@@ -342,18 +390,27 @@ def _resolve_group(group: Any) -> tuple[str, list[int] | None] | None:
 
 
 class _Pending:
-    """One recorded call waiting for ``left`` pieces of work to complete."""
+    """One recorded call waiting for its pieces of work to complete. When the call is a
+    batch of point-to-point ops, one work per op, a completed op's peer leaves the call's
+    ``peers``: the rank no longer waits for it."""
 
-    __slots__ = ("call", "client", "left", "lock")
+    __slots__ = ("call", "client", "left", "lock", "peers")
 
     def __init__(self, client: Client, call: Collective, left: int) -> None:
         self.client, self.call, self.left = client, call, left
         self.lock = threading.Lock()
+        peers = call.peers
+        self.peers: list[int | None] | None = (
+            list(peers) if peers is not None and len(peers) == left else None
+        )
 
-    def done(self, _fut: Any = None) -> None:
+    def done(self, index: int, _fut: Any = None) -> None:
         with self.lock:
             self.left -= 1
             last = self.left == 0
+            if self.peers is not None and not last:
+                self.peers[index] = None
+                self.call.peers = tuple(p for p in self.peers if p is not None)
         if last:
             _end(self.client, self.call)
 
@@ -369,7 +426,7 @@ def _track(client: Client, call: Collective, result: Any) -> None:
             return
         pending = _Pending(client, call, len(works))
         key = (call.group, call.op)
-        for work in works:
+        for index, work in enumerate(works):
             future = None
             if key not in _no_future:
                 try:
@@ -377,32 +434,35 @@ def _track(client: Client, call: Collective, result: Any) -> None:
                 except RuntimeError:  # "Work::getFuture not implemented"
                     _no_future.add(key)
             if future is not None:
-                future.add_done_callback(pending.done)
+                future.add_done_callback(functools.partial(pending.done, index))
             else:
-                _end_on_wait(work, pending)
+                _end_on_wait(work, pending, index)
     except Exception:
         log.debug("vigil: could not track async work", exc_info=True)
         _end(client, call)
 
 
 # Work without a future: ended by the patched ``Work.wait`` (or when the Work is collected).
-_waiting: dict[int, tuple[_Pending, weakref.finalize[Any, Any]]] = {}
+# Until a thread waits on it, its call is *parked*: the rank is not blocked in it (it may be
+# computing while a send waits for its receiver), so its heartbeat reports something else.
+_waiting: dict[int, tuple[_Pending, int, weakref.finalize[Any, Any]]] = {}
 _wait_patched = False
 
 
-def _end_on_wait(work: Any, pending: _Pending) -> None:
+def _end_on_wait(work: Any, pending: _Pending, index: int) -> None:
     _patch_work_wait()
     key = id(work)
     finalizer = weakref.finalize(work, _settle, key)
     finalizer.atexit = False
-    _waiting[key] = (pending, finalizer)
+    pending.call.parked = True
+    _waiting[key] = (pending, index, finalizer)
 
 
 def _settle(key: int) -> None:
     entry = _waiting.pop(key, None)
     if entry is not None:
-        entry[1].detach()
-        entry[0].done()
+        entry[2].detach()
+        entry[0].done(entry[1])
 
 
 def _patch_work_wait() -> None:
@@ -416,8 +476,11 @@ def _patch_work_wait() -> None:
 
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _waiting or id(self) not in _waiting:
+        entry = _waiting.get(id(self)) if _waiting else None
+        if entry is None:
             return original(self, *args, **kwargs)
+        call = entry[0].call
+        call.parked = False  # blocked in it now: the heartbeat reports it
         try:
             completed = original(self, *args, **kwargs)
         except BaseException:
@@ -425,6 +488,7 @@ def _patch_work_wait() -> None:
             raise
         if completed is not False:
             _settle(id(self))
+        call.parked = True  # what is left of it waits for the next wait
         return completed
 
     base.wait = wait

@@ -4,23 +4,55 @@
   var V = window.Vigil;
   var page, marks = [];
 
-  function incidentShapes(incidents) {
-    var shapes = [], annotations = [];
-    incidents.forEach(function (i) {
-      if (i.first_step == null) return;
+  var LANE_PX = 16, MAX_LANES = 4, CHAR_PX = 6.6;
+
+  /* Incident marks: a dotted line at each first step and a label "#id kind" above the plot.
+   * Labels are put in lanes so that none overlaps another: each goes in the lowest lane
+   * whose last label ends left of it (widths estimated from the text, in steps); past
+   * MAX_LANES a label joins its left neighbour's ("#3 nan +1", all ids in its hover). */
+  function incidentShapes(incidents, xrange, widthPx) {
+    var shapes = [], annotations = [], lanes = [];
+    var perPx = xrange && widthPx > 0 ? (xrange[1] - xrange[0]) / widthPx : 0;
+    var marks = incidents.filter(function (i) { return i.first_step != null; })
+      .sort(function (a, b) { return a.first_step - b.first_step || a.id - b.id; });
+    marks.forEach(function (i) {
       var color = i.severity === "critical" ? "#dc2626" : i.severity === "warning" ? "#d97706" : "#2563eb";
       shapes.push({ type: "line", xref: "x", yref: "paper", x0: i.first_step, x1: i.first_step,
                     y0: 0, y1: 1, line: { color: color, dash: "dot", width: 1.5 } });
+      var text = "#" + i.id + " " + i.kind;
+      var width = (text.length * CHAR_PX + 10) * perPx;
+      var lane = lanes.findIndex(function (end) { return end <= i.first_step; });
+      if (lane < 0 && lanes.length < MAX_LANES) { lane = lanes.length; lanes.push(0); }
+      if (lane < 0) {
+        var last = annotations[annotations.length - 1];
+        last.more = (last.more || 0) + 1;
+        last.text = V.plotText(last.base + " +" + last.more);
+        last.hovertext += "<br>" + V.plotText(text + ": " + i.summary);
+        return;
+      }
+      lanes[lane] = i.first_step + width;
       annotations.push({ x: i.first_step, y: 1, xref: "x", yref: "paper", yanchor: "bottom",
-                         showarrow: false, font: { color: color, size: 11 },
-                         text: V.plotText("#" + i.id + " " + i.kind) });
+                         xanchor: "left", yshift: lane * LANE_PX, showarrow: false,
+                         font: { color: color, size: 11 }, base: text, text: V.plotText(text),
+                         hovertext: V.plotText(text + ": " + i.summary), lane: lane });
     });
-    return { shapes: shapes, annotations: annotations };
+    annotations.forEach(function (a) { delete a.base; delete a.more; delete a.lane; });
+    return { shapes: shapes, annotations: annotations, top: 10 + LANE_PX * Math.max(1, lanes.length) };
+  }
+
+  function plotWidth(id, margin) {
+    var el = document.getElementById(id);
+    return el ? el.clientWidth - margin.l - margin.r : 0;
   }
 
   function drawSeries(d) {
     marks = d.incidents || [];
-    var m = incidentShapes(marks);
+    var margin = { l: 55, r: 20, t: 24, b: 40 };
+    var m = incidentShapes(marks, [d.step[0], d.step[d.step.length - 1]], plotWidth("step-time-chart", margin));
+    margin.t = m.top;
+    // Each lane of labels above the plot adds to the chart's height, not takes from the plot.
+    var stepChart = document.getElementById("step-time-chart");
+    if (stepChart) stepChart.style.height = (300 + m.top - 26) + "px";
     if (!d.step.length) {
       V.noData("step-time-chart", "No steps yet.");
       V.noData("loss-chart", "No loss reported.");
@@ -30,7 +62,7 @@
         { x: d.step, y: d.step_time, name: "step time" + bin + ", rank " + d.rank, mode: "lines" },
         { x: d.step, y: d.step_time_max, name: "max", mode: "lines", line: { dash: "dot", width: 1 } },
       ], { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "seconds" } },
-           shapes: m.shapes, annotations: m.annotations, margin: { l: 55, r: 20, t: 24, b: 40 } });
+           shapes: m.shapes, annotations: m.annotations, margin: margin });
       var bad = d.nonfinite_loss_steps.map(function (s) {
         return { type: "line", xref: "x", yref: "paper", x0: s, x1: s, y0: 0, y1: 1,
                  line: { color: "#dc2626", width: 1 } };
@@ -51,11 +83,17 @@
     var note = "bins: " + d.step_bin + " step(s) × " + d.rank_bin + " rank(s)";
     if (d.sampled_steps_per_bin) note += ", " + d.sampled_steps_per_bin + " sampled step(s) per bin";
     document.getElementById("heatmap-note").textContent = note;
+    // Ranks are whole numbers: one tick per rank bin (at most ~16), never 0.5.
+    var every = Math.max(1, Math.ceil(d.y.length / 16));
+    var ticks = d.y.filter(function (_, i) { return i % every === 0; });
+    var labels = ticks.map(function (r) { return d.rank_bin > 1 ? r + "–" + (r + d.rank_bin - 1) : String(r); });
     V.plot("heatmap", [{
       type: "heatmap", x: d.x, y: d.y, z: d.z, colorscale: "Viridis",
       colorbar: { title: { text: "s" } },
-      hovertemplate: "ranks %{y}+ · steps %{x}+<br>compute %{z:.4f} s<extra></extra>",
-    }], { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "rank" } },
+      hovertemplate: (d.rank_bin > 1 ? "ranks %{y}+" : "rank %{y}") +
+                     " · steps %{x}+<br>compute %{z:.4f} s<extra></extra>",
+    }], { xaxis: { title: { text: "step" } },
+          yaxis: { title: { text: "rank" }, tickmode: "array", tickvals: ticks, ticktext: labels, automargin: true },
           margin: { l: 55, r: 20, t: 10, b: 40 } });
   }
 
@@ -78,9 +116,14 @@
     value.textContent = (100 * g.goodput).toFixed(1) + "%";
     var names = ["productive"], secs = [g.productive_s];
     Object.keys(g.badput).forEach(function (k) { names.push(k.replace(/_/g, " ")); secs.push(g.badput[k]); });
-    V.plot("goodput-chart", [{ type: "bar", x: names, y: secs,
+    // Horizontal bars: every label is on one line, in a margin sized to fit it.
+    V.plot("goodput-chart", [{ type: "bar", orientation: "h", y: names, x: secs,
+      text: secs.map(function (s) { return (100 * s / g.total_s).toFixed(1) + "%"; }),
+      textposition: "auto", hovertemplate: "%{y}: %{x:.1f} s<extra></extra>",
       marker: { color: names.map(function (n) { return n === "productive" ? "#16a34a" : "#f59e0b"; }) } }],
-      { yaxis: { title: { text: "seconds" } }, showlegend: false });
+      { xaxis: { title: { text: "seconds" } },
+        yaxis: { automargin: true, autorange: "reversed" },
+        margin: { l: 10, r: 20, t: 10, b: 40 }, showlegend: false });
   }
 
   function renderIncidents(incidents) {
@@ -109,8 +152,9 @@
     document.getElementById("open-incidents").textContent = String(open);
     var chart = document.getElementById("step-time-chart");
     if (chart && chart.getAttribute("data-ready") === "1" && window.Plotly && chart.data) {
-      var m = incidentShapes(incidents);
-      window.Plotly.relayout(chart, { shapes: m.shapes, annotations: m.annotations });
+      var full = chart._fullLayout;
+      var m = incidentShapes(incidents, full.xaxis.range, full.xaxis._length);
+      window.Plotly.relayout(chart, { shapes: m.shapes, annotations: m.annotations, "margin.t": m.top });
     }
   }
 
@@ -121,7 +165,12 @@
     var url = page.urls.stream + "?after_step=" + encodeURIComponent(page.current_step == null ? -1 : page.current_step) +
               "&incidents=" + encodeURIComponent(page.incidents_signature);
     var source = new EventSource(url);
-    source.onopen = function () { status.textContent = "live"; retryS = 5; };
+    source.onopen = function () {
+      // A run that ended is not live: the stream only watches for the job's next run.
+      var ended = page.run_state && page.run_state !== "running";
+      status.textContent = ended ? "run " + page.run_state + " · watching for a new run" : "live";
+      retryS = 5;
+    };
     source.onerror = function () {
       if (source.readyState !== EventSource.CLOSED) { status.textContent = "reconnecting…"; return; }
       // Refused (e.g. 429/503 when the server's live streams are all taken): the browser

@@ -37,7 +37,11 @@ def test_every_api_operation_documents_the_error_shape(openapi):
             if "requestBody" in op:
                 assert {"400", "413"} <= codes, (method, path, codes)
             # A job's policies and imports take any job name (an import creates the job).
-            any_job = ("/api/v1/jobs/{job}/policies", "/api/v1/jobs/{job}/imports/flight-recorder")
+            any_job = (
+                "/api/v1/jobs/{job}/policies",
+                "/api/v1/jobs/{job}/imports/flight-recorder",
+                "/api/v1/jobs/{job}/imports/kineto",
+            )
             if "{" in path and method != "put" and path not in any_job:
                 assert "404" in codes, (method, path, codes)
             for code, doc in op["responses"].items():

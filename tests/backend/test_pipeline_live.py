@@ -98,7 +98,9 @@ def wait_incident(base: str, status: str, timeout: float = 60) -> dict:
 
 def add_receivers(base: str, rx: Receiver) -> str:
     """An Alertmanager receiver and a generic one; returns the generic one's secret."""
-    am = {"name": "am", "url": rx.url("/am"), "format": "alertmanager"}
+    # Sent at once (no group wait): this story checks one notification per state change;
+    # grouping has its own tests (tests/backend/alerts/test_grouping.py).
+    am = {"name": "am", "url": rx.url("/am"), "format": "alertmanager", "group_wait_s": 0}
     reply = httpx.post(f"{base}/api/v1/webhooks", json=am, headers=ADMIN)
     assert reply.status_code == 201, reply.text
     generic = {"name": "generic", "url": rx.url("/generic"), "format": "generic"}

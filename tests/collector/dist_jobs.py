@@ -145,7 +145,8 @@ def collectives(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[st
         time.sleep(0.6)
     buf = torch.full((32,), float(rank))
     work = dist.isend(buf, peer) if rank == 0 else dist.irecv(buf, peer)
-    out["isend_inflight"] = client.inflight() is not None
+    # Recorded until waited on, but parked (not reported) until a thread waits on it.
+    out["isend_parked"] = client.inflight() is None and bool(client._inflight)
     work.wait()
     out["isend_inflight_after"] = _settled(client)
     out["irecv_value"] = buf[0].item()
@@ -326,7 +327,48 @@ def ddp(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-JOBS = {"collectives": collectives, "blocked": blocked, "ddp": ddp}
+def p2p_peers(rank: int, client: Any, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What rank 0's heartbeat says while it waits for rank 1 (late each time) in a blocking
+    receive and in a batch of p2p ops, and between posting that batch and waiting on it."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    peer = 1 - rank
+
+    def beat_during(wait: Any, delay: float = 0.5) -> Any:
+        seen: list[Any] = []
+
+        def watch() -> None:
+            time.sleep(delay)
+            seen.append(client._tick()[0].get("inflight"))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        wait()
+        watcher.join()
+        return seen[0]
+
+    client.begin_step(0)
+    dist.all_reduce(torch.ones(2))  # seq 1
+    t = torch.zeros(4)
+    if rank == 1:
+        time.sleep(1.0)
+        dist.send(t, dst=0)
+    else:
+        out["recv"] = beat_during(lambda: dist.recv(t, src=1))
+    if rank == 1:
+        time.sleep(1.0)
+    ops = [dist.P2POp(dist.isend, torch.ones(4), peer), dist.P2POp(dist.irecv, t, peer)]
+    works = dist.batch_isend_irecv(ops)
+    out["batch_posted"] = client._tick()[0].get("inflight")
+    out["batch"] = beat_during(lambda: [w.wait() for w in works])
+    dist.barrier()  # seq 2
+    client.end_step()
+    return out
+
+
+JOBS = {"collectives": collectives, "blocked": blocked, "ddp": ddp, "p2p_peers": p2p_peers}
 
 
 def ddp_before_init(rank: int) -> dict[str, Any]:

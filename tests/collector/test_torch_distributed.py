@@ -49,7 +49,7 @@ def test_blocking_calls_are_aggregated_per_step_with_bytes_and_seq(collectives):
             ("world", "broadcast", 4, 256 * 4, 1),
             ("world", "all_gather", 5, 10 * 8, 1),
             ("world", "barrier", 6, 0, 1),
-            ("world", p2p, 7, 100 * 4, 1),
+            ("world", p2p, 6, 100 * 4, 1),  # p2p: the number of collectives before it
         ]
         world = [e for e in out["events"] if e["group"] == "world"]
         assert all("members" not in e and e["duration_s"] >= 0 for e in world)
@@ -62,10 +62,10 @@ def test_async_objects_batches_and_subgroups(collectives):
         rows = by_step(out["events"], 1)
         assert [r[:3] for r in rows] == [
             (f"pair/{name}", "all_reduce", 1),
-            ("world", "all_reduce", 8),
-            ("world", peer_op, 9),
-            ("world", "all_gather_object", 10),
-            ("world", "batch_isend_irecv", 12),  # two calls, seq 11 and 12
+            ("world", "all_reduce", 7),
+            ("world", peer_op, 7),
+            ("world", "all_gather_object", 8),
+            ("world", "batch_isend_irecv", 8),  # two calls; p2p does not advance the seq
         ]
         sizes = {r[1]: r[3] for r in rows}
         assert sizes["irecv" if rank else "isend"] == 32 * 4
@@ -82,9 +82,9 @@ def test_async_work_is_in_flight_until_it_completes(collectives):
     # Rank 1 joins the async all_reduce and the irecv 0.6 s late: rank 0's records are in
     # flight after the calls return and last until the work completes.
     waiting = collectives[0]
-    assert waiting["async_inflight"] == ["world", "all_reduce", 8]
+    assert waiting["async_inflight"] == ["world", "all_reduce", 7]
     for out in collectives:
-        assert out["isend_inflight"]  # gloo p2p Work has no future: ends at wait()
+        assert out["isend_parked"]  # gloo p2p Work has no future: ends at wait()
         assert out["async_inflight_after"] and out["isend_inflight_after"]
         assert out["batch_inflight_after"]
     durations = {(e["group"], e["op"], e["step"]): e["duration_s"] for e in waiting["events"]}

@@ -170,10 +170,10 @@ def test_p2p_waiter_points_at_its_peer() -> None:
     # Pipeline: rank 0 waits to receive from rank 1, which is stuck outside communication.
     # Ranks 2 and 3 are a matched send/recv pair (both posted): not waiting for each other.
     ranks = [
-        state(0, Inflight("pp", "recv", 3, NOW - 59, peer=1)),
+        state(0, Inflight("pp", "recv", 3, NOW - 59, peers=(1,))),
         state(1),
-        state(2, Inflight("pp", "send", 3, NOW - 59, peer=3)),
-        state(3, Inflight("pp", "recv", 3, NOW - 59, peer=2)),
+        state(2, Inflight("pp", "send", 3, NOW - 59, peers=(3,))),
+        state(3, Inflight("pp", "recv", 3, NOW - 59, peers=(2,))),
     ]
     (f,) = detect(ranks, now=NOW, step_durations=FAST, groups={"pp": range(4)})
     assert f.ranks == (1,)

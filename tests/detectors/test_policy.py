@@ -158,3 +158,13 @@ def test_human_seconds() -> None:
         "10 h",
     ]
     assert human_seconds(math.inf) == "unbounded"
+
+
+def test_apply_swap_policy_is_a_default_candidate_the_swap_loop_sends() -> None:
+    for kind in ("opseq_change", "memory_pressure"):
+        d = decide(Facts(kind=kind, failure_p=0.5, since_checkpoint_s=1800))
+        assert ("apply_swap_policy", detectors.policy.SWAP_LOOP_NOTE) in d.skipped
+        assert d.action != "apply_swap_policy"
+    assert "apply_swap_policy" not in detectors.policy.DISRUPTIVE
+    refused = decide(Facts(kind="opseq_change", allowed=("dump_stacks",)))
+    assert ("apply_swap_policy", "not allowed by the policy") in refused.skipped

@@ -39,9 +39,10 @@ def ingest_job(
     slow_rank: int | None = 2,
     slow_from: int = 50,
     extra: list[dict[str, Any]] | None = None,
+    t0: float = T0,
 ) -> None:
     """Steps (with collectives and loss) of every rank through ``POST /api/v1/ingest``;
-    ``slow_rank`` computes 1.4× longer from ``slow_from``."""
+    ``slow_rank`` computes 1.4× longer from ``slow_from``; step ``n`` ends at ``t0 + n``."""
     rng = np.random.default_rng(0)
     for rank in range(ranks):
         events: list[dict[str, Any]] = []
@@ -53,7 +54,7 @@ def ingest_job(
                 {
                     "type": "step",
                     "step": n,
-                    "ts": T0 + n,
+                    "ts": t0 + n,
                     "duration_s": 0.4,
                     "comm_s": max(0.0, 0.4 - compute),
                     "loss": 2.0,
@@ -71,7 +72,7 @@ def ingest_job(
                     "count": 1,
                 }
             )
-        events.append({"type": "heartbeat", "ts": T0 + max(steps) + 1, "step": max(steps) + 1})
+        events.append({"type": "heartbeat", "ts": t0 + max(steps) + 1, "step": max(steps) + 1})
         events.extend(extra or [])
         reply = client.post(
             "/api/v1/ingest",

@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN
-from tests.frontend.helpers import JOB, ingest_job
+from tests.conftest import ADMIN, INGEST
+from tests.factories import batch
+from tests.frontend.helpers import JOB, T0, ingest_job
 from tests.servers import live_server
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -125,7 +126,8 @@ def test_live_update_arrives_over_sse(server: str, page: Any) -> None:
     charts_drawn(page, ("#step-time-chart",))
     before = page.inner_text("#current-step")
     with httpx.Client(base_url=server) as client:
-        ingest_job(client, steps=range(120, 140), slow_rank=None)  # type: ignore[arg-type]
+        # Rank 2 stays slow: the straggler (and its proposal, approved below) stays open.
+        ingest_job(client, steps=range(120, 140))  # type: ignore[arg-type]
     # Polled from here: the page's CSP forbids eval, which wait_for_function would need.
     deadline = time.monotonic() + 20
     while "139" not in page.inner_text("#current-step"):
@@ -135,6 +137,10 @@ def test_live_update_arrives_over_sse(server: str, page: Any) -> None:
 
 
 def test_incident_page_approves_the_proposed_action(server: str, page: Any, tmp_path: Path) -> None:
+    # The job's ranks report now: an action can only be approved while one does.
+    for rank in range(4):
+        beat = batch([{"type": "heartbeat", "ts": T0 + 200}], rank=rank, world_size=4)
+        httpx.post(f"{server}/api/v1/ingest", json=beat, headers=INGEST).raise_for_status()
     incidents = httpx.get(f"{server}/api/v1/jobs/{JOB}/incidents", headers=ADMIN).json()
     [incident] = [i for i in incidents if i["kind"] == "straggler"]
     page.goto(f"{server}/incidents/{incident['id']}")

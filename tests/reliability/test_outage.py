@@ -126,7 +126,11 @@ def test_delivery_resumes_soon_after_an_outage_and_keeps_the_newest(server_db, t
     # every step of the last ~2 s before the server came back arrived.
     missing = sorted(set(range(stats["steps"])) - set(numbers))
     assert missing, f"the outage did not overflow the buffer: {stats}"
-    assert missing == list(range(missing[0], missing[-1] + 1)), missing
+    # One exception: a batch whose request went out as the server came back is stored while
+    # the buffer behind it, still full, drops what came after it; it shows as one island of
+    # consecutive steps inside the gap (seen once in CI: 365–367 amid 43–400).
+    island = sorted(set(range(missing[0], missing[-1] + 1)) - set(missing))
+    assert island == list(range(island[0], island[-1] + 1)) if island else True, island
     # (More may have been dropped than is missing: the events of a batch the server stored
     # just before the SIGKILL, whose reply was lost, can be trimmed from its retry.)
     assert set(stats["dropped"]) == {"buffer_full"}, stats

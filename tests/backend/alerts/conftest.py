@@ -128,7 +128,9 @@ def resolve(session: Session, incident: Incident, at: datetime) -> Incident:
 
 
 def make_receiver(session: Session, name: str = "oncall", **fields: Any) -> WebhookReceiver:
+    """A receiver; sent at once unless the test gives a ``group_wait_s`` (grouping tests)."""
     fields.setdefault("url", "http://127.0.0.1:9/hook")
+    fields.setdefault("group_wait_s", 0)
     return service.create_receiver(session=session, name=name, **fields)
 
 

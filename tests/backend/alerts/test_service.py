@@ -7,6 +7,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from backend.alerts import formats
+from backend.alerts.group_formats import build_group
 from backend.alerts.models import WebhookDelivery
 from backend.alerts.service import (
     create_test_delivery,
@@ -68,15 +69,27 @@ def test_one_delivery_per_state_change(session):
     )
     assert first.next_attempt_at == T0
     assert first.webhook_id != second.webhook_id
-    # The frozen payload is exactly what the format builds.
-    assert first.payload == formats.build(
+    # The frozen payload is exactly what the format builds, for a group of one (by job).
+    assert first.payload == build_group(
         "alertmanager",
-        incident=row,
-        job="llama-8b",
+        incidents=[(row, "llama-8b")],
         status="firing",
         receiver="am",
+        group_labels={"job": "llama-8b"},
         public_url=URL,
         now=T0,
+    )
+    assert (
+        first.payload["alerts"]
+        == formats.build(
+            "alertmanager",
+            incident=row,
+            job="llama-8b",
+            status="firing",
+            receiver="am",
+            public_url=URL,
+            now=T0,
+        )["alerts"]
     )
     resolve(session, row, T0 + timedelta(minutes=3))
     [done] = notify(session, resolved=[row], now=T0 + timedelta(minutes=3))

@@ -152,3 +152,58 @@ def test_transient_episode_redated_by_a_sliding_window_is_not_recorded_twice(
     )
     session.commit()
     assert sorted(i["first_step"] for i in incidents(client)) == [1810, 2500]
+
+
+def hang(culprit: int, *, active: bool = True) -> Finding:
+    return Finding(
+        kind="hang",
+        severity="critical",
+        ranks=(culprit,),
+        first_step=115,
+        score=10.0,
+        summary=f"no step finished for 10 s; culprit rank {culprit}",
+        key="hang:step=115",
+        evidence={"culprit_reasons": {str(culprit): "in no collective"}},
+        active=active,
+    )
+
+
+@pytest.mark.parametrize("state", ["dispatched", "succeeded", "cancelled"])
+def test_an_incident_a_restart_was_taken_on_keeps_its_diagnosis(client, session, job_id, state):
+    """While a restart tears the ranks down, a re-run of the hang detector sees a killed
+    rank as the culprit; the incident keeps the ranks the restart was taken on."""
+    from backend.actions.models import Action
+    from backend.db import utcnow
+
+    [row] = apply_findings(
+        session=session, job_id=job_id, findings=[hang(1)], covered_kinds={"hang"}
+    ).opened
+    session.add(
+        Action(
+            job_id=job_id,
+            incident_id=row.id,
+            kind="restart",
+            state=state,
+            idempotency_key=f"test-{state}",
+            requested_by="policy",
+            params={},
+            deliveries={},
+            created_at=utcnow(),
+            updated_at=utcnow(),
+        )
+    )
+    session.commit()
+    changes = apply_findings(
+        session=session, job_id=job_id, findings=[hang(3)], covered_kinds={"hang"}
+    )
+    session.commit()
+    [shown] = incidents(client)
+    if state == "cancelled":  # no restart under way: the diagnosis follows the detector
+        assert shown["ranks"] == [3] and changes.updated
+        return
+    assert (shown["ranks"], shown["status"], changes.updated) == ([1], "open", [])
+    assert shown["summary"].endswith("culprit rank 1")
+    apply_findings(session=session, job_id=job_id, findings=[], covered_kinds={"hang"})
+    session.commit()
+    [shown] = incidents(client)
+    assert (shown["ranks"], shown["status"]) == ([1], "resolved")

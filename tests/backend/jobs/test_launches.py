@@ -32,6 +32,12 @@ def job(session) -> Job:  # type: ignore[no-untyped-def]
     return session.scalars(select(Job).where(Job.name == JOB)).one()
 
 
+def run_and_attempt(client) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """The job's current run and the attempt within it, as the API shows them."""
+    body = client.get(f"/api/v1/jobs/{JOB}", headers=ADMIN).json()
+    return body["run"]["number"], body["attempt"]
+
+
 def window_steps(session) -> list[int]:  # type: ignore[no-untyped-def]
     window = load_steps(session=session, job_id=job(session).id)
     return [] if window is None else window.steps.tolist()
@@ -74,20 +80,20 @@ def test_a_relaunch_after_a_clean_exit_is_followed_at_once(client, session):
         send(client, [step(10 * attempt + 1)], attempt=attempt)
     send(client, [beat(now, exiting=True)], attempt=2)
     send(client, [step(1, ts=now + 1), step(2, ts=now + 2)], attempt=0)  # a new launch
-    assert job(session).attempt == 0
+    assert run_and_attempt(client) == (2, 0)  # a new run, at its attempt 0
     assert window_steps(session) == [1, 2]
 
 
 def test_a_relaunch_after_a_crash_is_followed_once_the_old_launch_is_silent(client, session):
     send(client, [step(1)], attempt=0)
     send(client, [step(5)], attempt=1)  # a restart: followed at once
-    assert job(session).attempt == 1
+    assert run_and_attempt(client) == (1, 1)
     send(client, [step(1, ts=2e9)], attempt=0)  # too early to tell from a lagging rank
-    assert job(session).attempt == 1
+    assert run_and_attempt(client) == (1, 1)
     age_the_ranks(session, RELAUNCH_QUIET_S + 1)  # attempt 1 crashed: nothing since
     send(client, [step(2, ts=2e9 + 1)], attempt=0)
-    assert job(session).attempt == 0
-    assert window_steps(session) == [1, 2]
+    assert run_and_attempt(client) == (2, 0)
+    assert window_steps(session) == [2]  # the lagging step 1 was the first run's
 
 
 def test_a_lagging_rank_of_an_earlier_attempt_changes_nothing(client, session):
