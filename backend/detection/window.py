@@ -10,10 +10,14 @@ counts and per-replica sums.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from backend.actions.models import Action
+from backend.actions.service import RESTARTING_KINDS
 from backend.jobs.models import Job, Rank
 from backend.jobs.runs import run_ranks
 from backend.slos.models import Slo
@@ -195,10 +199,14 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
     shipping request records says nothing about liveness), and all of them falling
     silent together is a stop, not a crash. Only ranks of the job's current run count
     (``backend.jobs.runs``); once one of them left cleanly the run is finishing, and the
-    rest falling silent together is its end, not a crash."""
+    rest falling silent together is its end, not a crash. Likewise while a restart Vigil
+    sent is under way (:func:`_restart_under_way`): the ranks leave together for it, and a
+    goodbye lost at exit on a busy host must not make that a crash (and a second restart).
+    A rank that falls silent well before the others is still a crash either way."""
     serving = session.scalar(select(Job.kind).where(Job.id == job_id)) == "serving"
     ranks = run_ranks(session=session, job_id=job_id)
     finishing = any(r.exited and not r.exit_code for r in ranks)
+    finishing = finishing or _restart_under_way(session=session, job_id=job_id, now=now)
     states = [
         RankState(
             rank=r.rank,
@@ -221,6 +229,29 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
         groups=(group_members(session=session, job_id=job_id) or None) if states else None,
         expect_running=not serving and not finishing,
     )
+
+
+RESTART_GRACE_S = 300.0  # how long after a restart reached the ranks their silence is expected
+
+
+def _restart_under_way(*, session: Session, job_id: int, now: float) -> bool:
+    """Whether a restarting action (restart, rollback, evict) reached the ranks of the
+    job's current attempt within ``RESTART_GRACE_S``: the launcher tears the whole group
+    down when one rank exits for it, so every rank of this attempt is expected to stop."""
+    attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
+    since = datetime.fromtimestamp(now - RESTART_GRACE_S, tz=UTC)
+    found = session.scalar(
+        select(Action.id)
+        .where(
+            Action.job_id == job_id,
+            Action.attempt == attempt,
+            Action.kind.in_(RESTARTING_KINDS),
+            Action.state.in_(("dispatched", "acked", "succeeded")),
+            Action.updated_at >= since,
+        )
+        .limit(1)
+    )
+    return found is not None
 
 
 def _inflight(raw: dict[str, object] | None) -> Inflight | None:
