@@ -32,6 +32,7 @@ from backend.errors import ERROR_DESCRIPTIONS, ErrorOut, install_error_handlers
 from backend.goodput.views import router as goodput_router
 from backend.importers.views import router as imports_router
 from backend.incidents.views import router as incidents_router
+from backend.ingest.multi import router as ingest_multi_router
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.views import IngestGate
 from backend.ingest.views import router as ingest_router
@@ -136,6 +137,7 @@ def create_app(
     app.state.ticker = ticker
 
     app.include_router(ingest_router)
+    app.include_router(ingest_multi_router)
     app.include_router(jobs_router)
     app.include_router(imports_router)
     app.include_router(actions_router)

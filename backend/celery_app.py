@@ -142,6 +142,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "vigil.remind_open_incidents": 60.0,
         "vigil.expire_actions": 15.0,
         "vigil.retention": 3600.0,
+        "vigil.raw_retention": 3600.0,
     }
     # A periodic task that waited longer than its period (no worker was up) is dropped
     # unrun when a worker gets it: the next one is due anyway, and a backlog of stale

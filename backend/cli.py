@@ -3,8 +3,10 @@
 vigil server                      # API (embedded: SQLite, migrates itself)
 vigil migrate                     # upgrade the database to the latest schema
 vigil worker / vigil beat         # distributed mode: Celery worker and scheduler
+vigil relay --endpoint URL        # per-host relay: a node's ranks, one request per flush
 vigil token create -s read -n ci  # prints a new token once
 vigil jobs                        # jobs known to a running server
+vigil incidents JOB / ack ID / resolve ID / act JOB KIND / silence add|list|expire  # on call
 vigil import flight-recorder DIR --job NAME  # Flight Recorder dumps, diagnosed by the server
 vigil import kineto FILE --job NAME          # PyTorch profiler traces, stored as telemetry
 vigil demo --fast                 # embedded Vigil + a real faulty job, diagnosed and healed
@@ -161,6 +163,17 @@ else:
         schedule = Path(tempfile.gettempdir()) / f"vigil-beat-{os.getuid()}"
         celery.start(["beat", f"--loglevel={settings.log_level}", f"--schedule={schedule}"])
 
+    @app.command(
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )
+    def relay(ctx: typer.Context) -> None:
+        """Per-host relay: merges a node's ranks' batches into one request per flush to the
+        server (`vigil relay --help` for its options; the same as `python -m collector.relay`)."""
+        from collector.relay.cli import main as relay_main
+
+        raise typer.Exit(relay_main(ctx.args))
+
     @app.command("migrate")
     def migrate_cmd() -> None:
         """Upgrade the database at VIGIL_DATABASE_URL to the latest schema."""
@@ -281,6 +294,11 @@ else:
                 (j["last_seen_at"] or "—")[:19],
             )
         console.print(table)
+
+    # vigil incidents / ack / resolve / act / silence: on call, over REST
+    from backend.cli_oncall import register as register_oncall
+
+    register_oncall(app, console=console, err=err, endpoint_and_token=_endpoint_and_token)
 
     @app.command()
     def demo(

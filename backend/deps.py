@@ -34,3 +34,8 @@ RowIdQuery = Annotated[int | None, Query(ge=0, le=MAX_ROW_ID)]
 # Steps and ranks as query filters: no larger than ingest stores (``backend.ingest.schemas``).
 StepQuery = Annotated[int | None, Query(ge=0, le=2**53 - 1)]
 RankQuery = Annotated[int | None, Query(ge=0, le=MAX_ROW_ID)]
+# One run of a job (``backend.jobs.runs``) by its number; absent: every run of the job.
+RunQuery = Annotated[
+    int | None,
+    Query(ge=1, le=MAX_ROW_ID, description="Only this run of the job (its number: 1, 2, …)"),
+]

@@ -22,6 +22,14 @@ INGEST_BATCHES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+INGEST_REQUESTS = Counter(
+    "vigil_ingest_requests_total",
+    "Ingest HTTP requests by endpoint: single (POST /api/v1/ingest, one batch) or multi "
+    "(POST /api/v1/ingest/multi, a relay's merged batches; each also counts in "
+    "vigil_ingest_batches_total).",
+    ["endpoint"],
+    registry=REGISTRY,
+)
 INGEST_EVENTS = Counter(
     "vigil_ingest_events_total", "Stored events by type.", ["type"], registry=REGISTRY
 )

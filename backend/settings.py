@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="Redis URL for Celery and locks; unset means embedded mode."
     )
+    liveness_store: Literal["redis", "sql"] = Field(
+        "redis",
+        description="Distributed mode: where heartbeats and in-flight ops land. `redis` "
+        "keeps them off SQL (rank rows refreshed every 10 s, "
+        "`backend.telemetry.liveness`); `sql` writes each to its rank row, as embedded mode.",
+    )
     admin_token: SecretStr | None = Field(
         None, description="Bootstrap token with every scope. Required in production."
     )
@@ -120,6 +126,12 @@ class Settings(BaseSettings):
     )
     retention_days: float = Field(
         30, ge=0, description="Delete telemetry older than this many days; 0 keeps it forever."
+    )
+    raw_retention_days: float = Field(
+        14,
+        ge=0,
+        description="PostgreSQL: drop the day partitions of raw steps and collectives older "
+        "than this many days (rollups stay with their job); 0 keeps them.",
     )
     public_url: str = Field(
         "http://127.0.0.1:8000",

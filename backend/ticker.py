@@ -72,12 +72,14 @@ class Ticker:
         from backend.alerts.tasks import remind_open_incidents
         from backend.detection.tasks import run_sweep
         from backend.jobs.tasks import retention
+        from backend.telemetry.retention import raw_retention
 
         periodic: dict[str, Callable[[], object]] = {
             "vigil.sweep": lambda: run_sweep(self.rt),
             "vigil.expire_actions": expire_actions,
             "vigil.remind_open_incidents": remind_open_incidents,
             "vigil.retention": retention,
+            "vigil.raw_retention": raw_retention,
         }
         every = {
             name: float(entry["schedule"])
@@ -86,6 +88,7 @@ class Ticker:
         }
         due = {name: time.monotonic() for name in periodic}
         due["vigil.retention"] += 60  # not in the first minute of a fresh start
+        due["vigil.raw_retention"] += 60
         self.last_tick = time.monotonic()
         while not self._stop.wait(self.interval_s):
             self.last_tick = time.monotonic()

@@ -18,7 +18,11 @@ Timed, each as the median of ``--repeat`` runs after one warm-up:
   ``detect_comm``, ``detect_memory`` — their sum is held against the < 200 ms target;
 - the hang/crash sweep (``hang.detect``) on 16,384 rank states, healthy and hung (the
   hung case builds the wait-for graph and finds the culprits), reported beside it: it is not
-  a window detector but runs every few seconds on the same job.
+  a window detector but runs every few seconds on the same job;
+- the straggler detector alone on windows with no rank slow and with ``--slow-share`` (25%)
+  of the ranks 1.2x slower for the last 80 steps (a group straggler: every slow rank is
+  named, so this is the cost of building thousands of findings), beside the window above
+  with its one straggler.
 
 **One core.** The BLAS/OpenMP thread pools are limited to one thread (``OMP_NUM_THREADS``,
 ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ``VECLIB_MAXIMUM_THREADS``,
@@ -80,6 +84,15 @@ def pin(cpu: int | None) -> str:
     return f"pinned to CPU {chosen} (of {len(allowed)} allowed)"
 
 
+def build_group(ranks: int, steps: int, seed: int, share: float) -> Run:
+    """A window with ``share`` of the ranks (evenly spread) 1.2x slower for its last 80
+    steps, and nothing else; ``share=0``: a clean window."""
+    cfg = JobConfig(ranks=ranks, steps=steps, seed=seed, step_s=0.5)
+    n_slow = round(share * ranks)
+    slow = np.linspace(0, ranks - 1, n_slow).astype(int) if n_slow else []
+    return simulate(cfg, [Fault("straggler", (int(r),), steps - 80, magnitude=1.2) for r in slow])
+
+
 def build(ranks: int, steps: int, seed: int) -> tuple[Run, Run]:
     """A faulty window (every detector has something to report) and a hung job."""
     cfg = JobConfig(ranks=ranks, steps=steps, seed=seed, step_s=0.5)
@@ -112,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=7, help="timed runs per detector (median)")
     p.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: first)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--slow-share", type=float, default=0.25, help="share of ranks slow in the group case"
+    )
     args = p.parse_args(argv)
 
     pinned = pin(args.cpu)
@@ -178,6 +194,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         worst_sweep = max(worst_sweep, ms)
         print(f"{name:<22}{ms:>9.1f}  {_describe(found)}")
     everything = total + worst_sweep
+    print("")
+    print("straggler detector alone, by ranks slow (1.2x for the last 80 steps):")
+    for share in (0.0, args.slow_share):
+        group = build_group(args.ranks, args.steps, args.seed, share)
+        ms, found = timed(
+            lambda g=group: straggler.detect_stragglers(g.steps, g.step_time, g.comm_time),
+            args.repeat,
+        )
+        label = "none slow" if share == 0 else f"{round(share * args.ranks):,} slow ({share:.0%})"
+        print(f"  {label:<20}{ms:>9.1f}  {len(found):,} findings")
     print("")
     for label, ms in (
         ("window detectors", total),

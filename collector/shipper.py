@@ -181,7 +181,10 @@ class Shipper:
         kind = outcome.kind
         batch.error = outcome.reason
         if kind == "retry":
-            batch.suspect = True
+            # A batch whose request went unanswered may be stored: never struck (and so
+            # never split into halves with new ids, which would store its events twice);
+            # an overloaded server answers it, or the duplicate, on a later try.
+            batch.suspect = not outcome.unanswered
             self._retry_at, self._throttled = now + self._backoff.next_delay(), False
             self.beat_at = now  # a heartbeat now tells the server's fault from the batch's
             self.outbox.last_error = outcome.reason

@@ -33,6 +33,9 @@ class Outcome:
     status: int | None = None  # the HTTP status of a refusal
     detail: Any = None  # the error body's ``detail``
     code: str = ""  # the error body's ``error`` code
+    # The request went out but no answer came back (a timeout, a reset mid-reply): the
+    # server may have stored the batch. Not a sign the batch is bad (see the shipper).
+    unanswered: bool = False
 
     @property
     def already_stored(self) -> bool:
@@ -94,8 +97,10 @@ class HttpTransport:
             return Outcome(True, actions=actions if isinstance(actions, list) else [])
         except urllib.error.HTTPError as exc:
             return self._http_error(exc)
-        except (OSError, ValueError) as exc:  # refused, reset, timeout, bad JSON reply
+        except urllib.error.URLError as exc:  # not sent: refused, unresolvable, no route
             return Outcome(False, retry_after=-1, reason=f"unreachable: {exc}")
+        except (OSError, ValueError) as exc:  # sent; the answer timed out, broke, or is junk
+            return Outcome(False, retry_after=-1, reason=f"no answer: {exc}", unanswered=True)
 
     def _http_error(self, exc: urllib.error.HTTPError) -> Outcome:
         status = exc.code

@@ -22,10 +22,14 @@ so that a person reading the reasoning can check it:
   ``f * H``; restart ``R + L + persist_p * f * H`` (torchrun restarts on the same nodes, so
   the slowness may stay); evicting ``k`` of ``W`` ranks ``R + L + H * k / (W - k)`` (the
   capacity lost). ``dump_stacks`` changes nothing but collects evidence for a person.
-- hang and crash: doing nothing leaves the job down for the horizon, ``H + L`` (the work is
-  lost whenever it is restarted); restart ``R + L``.
-- nan and loss_spike: doing nothing costs ``failure_p * (H + L)`` (training diverges and is
-  rolled back later anyway); rollback to the last good checkpoint ``R + L``.
+- hang and crash: doing nothing leaves the job down until a person restarts it by hand,
+  ``P + R + L`` (``respond_s``, 30 min: the job never finishes on its own, however little
+  of it is left, so the restart and the lost work are paid anyway, only later); restart
+  ``R + L``.
+- nan and loss_spike: doing nothing costs ``failure_p * (H + P + R + L)`` (training
+  diverges: the rest of the run is wasted, and a person rolls it back later anyway, however
+  little of it was left: a diverged model is no result); rollback to the last good
+  checkpoint ``R + L``.
 - memory_pressure: doing nothing costs ``failure_p * (R + L)`` (an out-of-memory crash);
   ``checkpoint_now`` costs ``checkpoint_s + failure_p * R``.
 - A condition that already cleared (``active=False``, e.g. a transient straggler) costs
@@ -67,6 +71,7 @@ DEFAULT_RESTART_S = 120.0
 DEFAULT_CHECKPOINT_S = 30.0
 DEFAULT_PERSIST_P = 0.5
 DEFAULT_MIN_GAIN_S = 300.0
+DEFAULT_RESPOND_S = 1800.0  # until a person on call notices a down job and restarts it
 
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
     "straggler": ("evict_rank", "restart"),
@@ -120,6 +125,7 @@ class Facts:
     allow_evict: bool = False
     persist_p: float = DEFAULT_PERSIST_P
     min_gain_s: float = DEFAULT_MIN_GAIN_S
+    respond_s: float = DEFAULT_RESPOND_S
     allowed: tuple[str, ...] | None = None
     first_step: int | None = None
 
@@ -257,20 +263,22 @@ def _nothing(f: Facts) -> Candidate:
             f"a {100 * f.slower_frac:.1f}% slower {who}over {_left(f)} left costs ~{h(cost)}",
         )
     if f.kind in DOWN_KINDS:
-        cost = f.horizon_s + f.since_checkpoint_s
+        cost = f.respond_s + f.restart_s + f.since_checkpoint_s
         return Candidate(
             None,
             cost,
-            f"a {f.kind} leaves the job down for {_left(f)} left "
-            f"(and {h(f.since_checkpoint_s)} of work since the checkpoint is lost anyway)",
+            f"a {f.kind} never finishes on its own: the job is down until a person restarts it "
+            f"(assumed {h(f.respond_s)}), then pays the restart and the "
+            f"{h(f.since_checkpoint_s)} of work since the checkpoint anyway",
         )
     if f.kind in DIVERGE_KINDS:
-        cost = f.failure_p * (f.horizon_s + f.since_checkpoint_s)
+        cost = f.failure_p * (f.horizon_s + f.respond_s + f.restart_s + f.since_checkpoint_s)
         return Candidate(
             None,
             cost,
             f"if training diverges (estimated chance {f.failure_p:.0%}), the rest of the run "
-            f"({_left(f)}) is wasted: ~{h(cost)}",
+            f"({_left(f)}) is wasted and a person rolls it back later anyway "
+            f"(assumed {h(f.respond_s)} to notice): ~{h(cost)}",
         )
     if f.kind == "memory_pressure":
         cost = f.failure_p * (f.restart_s + f.since_checkpoint_s)
@@ -435,6 +443,7 @@ def facts_from_incident(
         allow_evict=bool(params.get("allow_evict", False)),
         persist_p=float(params.get("persist_p", DEFAULT_PERSIST_P)),
         min_gain_s=float(params.get("min_gain_s", DEFAULT_MIN_GAIN_S)),
+        respond_s=float(params.get("respond_s", DEFAULT_RESPOND_S)),
         allowed=allowed,
         first_step=first_step,
     )

@@ -9,6 +9,7 @@ from sqlalchemy import Connection
 from backend.db import make_engine
 from backend.models import Base
 from backend.settings import get_settings
+from backend.telemetry.partitions import include_name
 
 config = context.config
 target_metadata = Base.metadata
@@ -19,6 +20,7 @@ def _configure(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         compare_type=True,
+        include_name=include_name,  # partitions and BRIN indexes: PostgreSQL-only, not models
         render_as_batch=connection.dialect.name == "sqlite",
     )
     with context.begin_transaction():

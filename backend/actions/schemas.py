@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backend.deps import MAX_ROW_ID
+
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 
@@ -24,6 +26,9 @@ class ActionCreate(BaseModel):
     )
     ttl_s: Annotated[float, Field(gt=0, le=86_400)] = Field(
         600, description="Undelivered after this long, the action expires."
+    )
+    incident_id: Annotated[int, Field(ge=1, le=MAX_ROW_ID)] | None = Field(
+        None, description="The job's incident the action answers (shown with it, audited)."
     )
 
 

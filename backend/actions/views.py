@@ -17,6 +17,7 @@ from backend.auth.service import Principal
 from backend.db import utcnow
 from backend.deps import RowId, SessionDep
 from backend.errors import NotFound, errors
+from backend.incidents.models import Incident
 from backend.jobs.runs import require_live
 from backend.jobs.service import require_job_id
 
@@ -45,9 +46,14 @@ def create_action(
     principal: Annotated[Principal, Depends(require_scope("admin"))],
 ) -> Any:
     """Trigger an action on the job's ranks. Ranks receive it in their next ingest reply.
-    A repeated `idempotency_key` returns the existing action with 200. 409 when no rank
-    could receive it: the job's run ended, or none of its ranks is reporting."""
+    A repeated `idempotency_key` returns the existing action with 200. 404 for an
+    `incident_id` that is not one of the job's; 409 when no rank could receive it: the
+    job's run ended, or none of its ranks is reporting."""
     job_id = require_job_id(session=session, name=job)
+    if body.incident_id is not None:
+        incident = session.get(Incident, body.incident_id)
+        if incident is None or incident.job_id != job_id:
+            raise NotFound(f"incident {body.incident_id} not found in job {job!r}")
     require_live(session=session, job_id=job_id, now=utcnow())
     action, created = service.create_action(
         session=session,
@@ -59,6 +65,7 @@ def create_action(
         reason=body.reason,
         idempotency_key=body.idempotency_key,
         ttl_s=body.ttl_s,
+        incident_id=body.incident_id,
     )
     if not created:
         response.status_code = 200

@@ -73,8 +73,9 @@ class Scenario:
 
 FAST = Scenario(
     # Room after each fault: a rank exiting for a restart may take its exit timeout
-    # (VIGIL_EXIT_TIMEOUT_S, 2 s) to flush, and this tiny job makes ~20 steps a second.
-    steps=260,
+    # (VIGIL_EXIT_TIMEOUT_S, 2 s) to flush, and this tiny job makes ~20 steps a second;
+    # and enough of the run left after the hang (~285 steps) that a restart pays.
+    steps=400,
     ranks=4,
     ckpt_every=10,
     model=("--dim", "32", "--layers", "1", "--seq", "32", "--batch", "4"),
@@ -94,9 +95,13 @@ FULL = Scenario(
 
 # Hangs, crashes and NaNs are acted on at once (quick guards, for the demo's pace);
 # a straggler only gets a proposal that waits for a person (approve it on its page).
+# The cost model weighs each choice over what is left of the job, which says its planned
+# length (``job_env``), at what a restart of this tiny job costs: seconds (``restart_s``),
+# not the default two minutes; ``min_gain_s`` is scaled down alike.
+COSTS = {"restart_s": 5, "min_gain_s": 1}
 POLICIES = {
-    "*": {"mode": "auto", "params": {"cooldown_s": 5, "max_restarts_per_hour": 10}},
-    "straggler": {"mode": "approve", "params": {"horizon_s": 36_000}},
+    "*": {"mode": "auto", "params": {"cooldown_s": 5, "max_restarts_per_hour": 10, **COSTS}},
+    "straggler": {"mode": "approve", "params": COSTS},
 }
 
 
@@ -185,9 +190,16 @@ def _launch(vigil: DemoServer, job: str, sc: Scenario, workdir: Path) -> subproc
         *("--steps", str(sc.steps), "--ckpt-dir", str(workdir / "ckpt")),
         *("--ckpt-every", str(sc.ckpt_every), *sc.model),
     ]
-    env = {**os.environ, "VIGIL_HEARTBEAT_S": "0.5", "OMP_NUM_THREADS": "1"}
     log = (workdir / "job.log").open("wb")
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(command, env=job_env(sc), stdout=log, stderr=subprocess.STDOUT)
+
+
+def job_env(sc: Scenario) -> dict[str, str]:
+    """The job's environment: heartbeats twice a second, one thread per rank, and its
+    planned length (``VIGIL_TOTAL_STEPS``: the collector sends it as a ``run_plan``), so
+    recovery estimates weigh what is left of this short job, not an assumed 10 hours."""
+    plan = {"VIGIL_HEARTBEAT_S": "0.5", "OMP_NUM_THREADS": "1", "VIGIL_TOTAL_STEPS": str(sc.steps)}
+    return {**os.environ, **plan}
 
 
 class _Follower:

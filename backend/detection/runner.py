@@ -42,6 +42,7 @@ from backend.jobs.models import Job, Rank, Run
 from backend.jobs.run_end import settle_runs
 from backend.jobs.runs import run_over
 from backend.metrics import DETECTOR_FAILURES, DETECTOR_RUNS
+from backend.telemetry.liveness import blind_spot, flush_quiet, live_states
 from detectors import registry
 from detectors.settle import settled
 from detectors.window import Window
@@ -78,10 +79,22 @@ def sweep_job(*, session: Session, job_id: int, now: float) -> Changes:
     """The job's runs first (``backend.jobs.run_end``: the current one ends when every
     rank is gone, an ended run's open incidents resolve and its actions expire), then the
     liveness detectors at time ``now``, while the run has not ended. With every rank gone
-    (each said goodbye) nothing hangs or crashed, and open hangs and crashes resolve."""
+    (each said goodbye) nothing hangs or crashed, and open hangs and crashes resolve.
+    First, in distributed mode, the last state of ranks that fell silent goes from Redis
+    to their SQL rows (``backend.telemetry.liveness.flush_quiet``), so the run's life
+    cycle judges them on it; and while the ranks' latest state cannot be seen whole
+    (``liveness.blind_spot``: Redis unreadable, or it lost data) hangs and crashes are
+    left as they are for this sweep."""
+    live = live_states(job_id)
+    flush_quiet(session=session, job_id=job_id, now=now, states=live or {})
     ended = settle_runs(session=session, job_id=job_id, now=datetime.fromtimestamp(now, UTC))
     over = run_over(session=session, job_id=job_id)
-    liveness = None if over else load_liveness(session=session, job_id=job_id, now=now)
+    blind = None if over else blind_spot(session=session, job_id=job_id, states=live, now=now)
+    if blind:
+        log.info("job %s: hangs and crashes not judged this sweep: %s", job_id, blind)
+    liveness = (
+        None if over or blind else load_liveness(session=session, job_id=job_id, now=now, live=live)
+    )
     serving = load_serving(session=session, job_id=job_id, now=now)
     window = Window(liveness=liveness, serving=serving)
     changes = (

@@ -4,7 +4,8 @@
 rank × step arrays with NaN where a rank did not report, and each rank's device memory
 (``ranks.mem_capacity``); ``load_collectives``: the
 per-step collective aggregates over those steps; ``load_liveness``: every rank's latest
-state for the hang and crash sweep; ``load_serving``: a serving job's per-minute SLO
+state for the hang and crash sweep (from SQL merged with Redis, where distributed mode keeps
+heartbeats: ``backend.telemetry.liveness``); ``load_serving``: a serving job's per-minute SLO
 counts and per-replica sums.
 """
 
@@ -22,6 +23,7 @@ from backend.jobs.models import Job, Rank
 from backend.jobs.runs import run_ranks
 from backend.slos.models import Slo
 from backend.slos.service import minute_counts, period_counts
+from backend.telemetry.liveness import States, overlay
 from backend.telemetry.models import CollectiveRecord, ServingMinute, StepRecord
 from detectors import burn_rate
 from detectors.window import (
@@ -114,19 +116,24 @@ def live_ranks(*, session: Session, job: Job) -> int:
     """Ranks of the job's current attempt that have not said goodbye and reported (a
     heartbeat or a step) within ``LIVE_S`` of the job's newest report: the ones whose steps
     detection waits for (``detectors.settle``). Measured against the job's own clock, not
-    the server's, so a replay of old data settles the same way as a live job."""
-    seen = func.coalesce(
-        func.max(Rank.last_heartbeat_ts, Rank.last_step_ts)
-        if session.get_bind().dialect.name == "sqlite"
-        else func.greatest(Rank.last_heartbeat_ts, Rank.last_step_ts),
-        Rank.last_heartbeat_ts,
-        Rank.last_step_ts,
-    )
-    current = (Rank.job_id == job.id, Rank.attempt == job.attempt, Rank.exited.is_(False))
-    newest = session.scalar(select(func.max(seen)).where(*current))
-    if newest is None:
+    the server's, so a replay of old data settles the same way as a live job. Reads the
+    ranks' latest state where it lives (``backend.telemetry.liveness``)."""
+    rows = session.execute(
+        select(
+            Rank.rank, Rank.attempt, Rank.exited, Rank.last_heartbeat_ts, Rank.last_step_ts
+        ).where(Rank.job_id == job.id, Rank.attempt == job.attempt)
+    ).all()
+    seen = [
+        max(ts)
+        for r in overlay(rows, job_id=job.id)
+        if not r.exited
+        and r.attempt == job.attempt
+        and (ts := [t for t in (r.last_heartbeat_ts, r.last_step_ts) if t is not None])
+    ]
+    if not seen:
         return 0
-    return int(session.scalar(select(func.count()).where(*current, seen >= newest - LIVE_S)) or 0)
+    newest = max(seen)
+    return sum(1 for t in seen if t >= newest - LIVE_S)
 
 
 def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> CollectiveWindow:
@@ -193,7 +200,9 @@ def group_members(*, session: Session, job_id: int, limit: int = 5000) -> dict[s
     return groups
 
 
-def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindow:
+def load_liveness(
+    *, session: Session, job_id: int, now: float, live: States | None = None
+) -> LivenessWindow:
     """Every rank that has not said goodbye, as the hang detector sees it, at ``now``.
     For a serving job only processes that send heartbeats are judged (a replay client
     shipping request records says nothing about liveness), and all of them falling
@@ -202,9 +211,10 @@ def load_liveness(*, session: Session, job_id: int, now: float) -> LivenessWindo
     rest falling silent together is its end, not a crash. Likewise while a restart Vigil
     sent is under way (:func:`_restart_under_way`): the ranks leave together for it, and a
     goodbye lost at exit on a busy host must not make that a crash (and a second restart).
-    A rank that falls silent well before the others is still a crash either way."""
+    A rank that falls silent well before the others is still a crash either way.
+    ``live``: what Redis holds of the ranks, when the caller read it already."""
     serving = session.scalar(select(Job.kind).where(Job.id == job_id)) == "serving"
-    ranks = run_ranks(session=session, job_id=job_id)
+    ranks = overlay(run_ranks(session=session, job_id=job_id), job_id=job_id, states=live)
     finishing = any(r.exited and not r.exit_code for r in ranks)
     finishing = finishing or _restart_under_way(session=session, job_id=job_id, now=now)
     states = [

@@ -25,6 +25,13 @@ category). What this module decides:
 - **Checkpoints**: ``checkpoint_saved`` events of the lowest rank that sent any; the step
   is the event's, else ``attrs["step"]`` (what ``vigil.event("checkpoint_saved", step=…)``
   sends between steps); ``attrs["duration_s"]`` when the script reports it.
+- **Runs** (each launch of the job name, ``backend.jobs.runs``): the job is one timeline
+  across its runs, so a run that starts over at a step an earlier run reached redoes it
+  (wasted progress, as after a rollback). The time from one run's last step to the next
+  run's first step is ``between_runs``: the job was down, relaunched, not restarted inside
+  a run (``disruption_recovery`` keeps the restarts inside runs; ``restarts`` counts only
+  those). ``run=N`` accounts that run alone: its attempts, its incidents, its window (up
+  to its last step, or the job's last activity for the current run).
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
-from backend.jobs.models import Job, Rank
+from backend.incidents.service import fingerprint
+from backend.jobs.models import Job, Rank, Run
+from backend.jobs.runs import ATTEMPTS_PER_RUN, RunMap, run_map
 from backend.telemetry.models import JobEvent, StepRecord
 from detectors.goodput import Attempt, CheckpointSave, Hang, Straggler, account
 
@@ -46,39 +55,96 @@ SAVE_EVENT = "checkpoint_saved"
 
 
 def job_goodput(
-    *, session: Session, job_id: int, now: float | None = None
+    *, session: Session, job_id: int, now: float | None = None, run: int | None = None
 ) -> dict[str, Any] | None:
-    """The job's goodput as of ``now`` (epoch seconds); ``None`` if there is no such job."""
+    """The job's goodput as of ``now`` (epoch seconds), or run ``run``'s alone; ``None`` if
+    there is no such job (or run)."""
     job = session.get(Job, job_id)
     if job is None:
         return None
     now = time.time() if now is None else now
-    timeline = load_timeline(session=session, job_id=job_id, now=now)
-    end = _window_end(session, job_id, now, timeline)
+    runs = run_map(session=session, job_id=job_id)
+    only = None
+    if run is not None:
+        only = next((r for r in runs.runs if r.number == run), None)
+        if only is None:
+            return None
+    timeline = load_timeline(session=session, job_id=job_id, now=now, run=only)
+    if only is None or only.id == job.run_id:
+        end = _window_end(session, job_id, now, timeline)
+    else:  # an earlier run: its ranks' live state is the later runs' now
+        end = min(float(timeline[:, 2].max()), now) if timeline.size else now
     attempts = _attempts(timeline)
-    g = account(
-        attempts,
-        end=end,
-        checkpoints=load_saves(session=session, job_id=job_id, now=now),
-        **_incident_intervals(session, job_id, now=now, end=end, timeline=timeline),
-    )
+    checkpoints = load_saves(session=session, job_id=job_id, now=now)
+    intervals = _incident_intervals(session, job_id, now=now, end=end, timeline=timeline, run=only)
+    g = account(attempts, end=end, checkpoints=checkpoints, **intervals)
+    by_run = _by_run(attempts, runs)
+    badput = _between_runs(g.badput, by_run, checkpoints=checkpoints, hangs=intervals["hangs"])
     return {
         "job": job.name,
+        "run": run,
         "total_s": g.total_s,
         "productive_s": g.productive_s,
         "goodput": g.goodput,
-        "badput": g.badput,
-        "restarts": g.restarts,
+        "badput": badput,
+        "restarts": sum(group[-1].attempt - group[0].attempt for group in by_run),
         "steps_lost": g.steps_lost,
         "steps_productive": g.steps_productive,
         "as_of": datetime.fromtimestamp(g.end, UTC),
     }
 
 
-def load_timeline(*, session: Session, job_id: int, now: float) -> np.ndarray[Any, Any]:
-    """Rows ``(attempt, step, end_ts, duration_s, data_s)`` of the lowest reporting rank,
-    ordered by attempt and end time; an empty ``(0, 5)`` array without steps."""
-    rank = session.scalar(select(func.min(StepRecord.rank)).where(StepRecord.job_id == job_id))
+def _by_run(attempts: list[Attempt], runs: RunMap) -> list[list[Attempt]]:
+    """The attempts grouped by the run they belong to, in order (attempts ascend)."""
+    groups: dict[int, list[Attempt]] = {}
+    for a in attempts:
+        owner, _ = runs.locate(a.attempt)
+        groups.setdefault(owner.number if owner is not None else 0, []).append(a)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _between_runs(
+    badput: dict[str, float],
+    by_run: list[list[Attempt]],
+    *,
+    checkpoints: list[CheckpointSave],
+    hangs: list[Hang],
+) -> dict[str, float]:
+    """Move the downtime between runs out of ``disruption_recovery`` into ``between_runs``.
+
+    The job-wide accounting counts every gap between attempts (less hang and checkpoint
+    time) as disruption; the gaps inside a run are what accounting each run alone counts
+    as disruption, so the difference is the gaps between runs. (Accounting the runs again
+    keeps the definition of a gap in ``detectors.goodput``, not repeated here.)"""
+    inside = 0.0
+    for group in by_run:
+        if len(group) > 1:  # one attempt: no gap inside the run
+            last = max(float(np.max(a.ends)) for a in group)
+            inside += account(group, end=last, checkpoints=checkpoints, hangs=hangs).badput[
+                "disruption_recovery"
+            ]
+    between = max(0.0, badput["disruption_recovery"] - inside) if len(by_run) > 1 else 0.0
+    out: dict[str, float] = {}
+    for key, seconds in badput.items():  # between_runs right after disruption_recovery
+        out[key] = seconds - between if key == "disruption_recovery" else seconds
+        if key == "disruption_recovery":
+            out["between_runs"] = between
+    return out
+
+
+def load_timeline(
+    *, session: Session, job_id: int, now: float, run: Run | None = None
+) -> np.ndarray[Any, Any]:
+    """Rows ``(attempt, step, end_ts, duration_s, data_s)`` of the lowest reporting rank
+    (of ``run`` only, when given), ordered by attempt and end time; an empty ``(0, 5)``
+    array without steps."""
+    where = [StepRecord.job_id == job_id]
+    if run is not None:
+        where += [
+            StepRecord.attempt >= run.first_attempt,
+            StepRecord.attempt < run.first_attempt + ATTEMPTS_PER_RUN,
+        ]
+    rank = session.scalar(select(func.min(StepRecord.rank)).where(*where))
     if rank is None:
         return np.empty((0, 5))
     ts = func.max(StepRecord.ts)
@@ -90,7 +156,7 @@ def load_timeline(*, session: Session, job_id: int, now: float) -> np.ndarray[An
             func.max(StepRecord.duration_s),
             func.max(func.coalesce(StepRecord.data_s, 0.0)),
         )
-        .where(StepRecord.job_id == job_id, StepRecord.rank == rank, StepRecord.ts <= now)
+        .where(*where, StepRecord.rank == rank, StepRecord.ts <= now)
         .group_by(StepRecord.attempt, StepRecord.step)
         .order_by(StepRecord.attempt, ts)
     ).all()
@@ -155,22 +221,31 @@ def _window_end(session: Session, job_id: int, now: float, timeline: np.ndarray[
 
 
 def _incident_intervals(
-    session: Session, job_id: int, *, now: float, end: float, timeline: np.ndarray[Any, Any]
+    session: Session,
+    job_id: int,
+    *,
+    now: float,
+    end: float,
+    timeline: np.ndarray[Any, Any],
+    run: Run | None = None,
 ) -> dict[str, Any]:
-    """Hang and straggler intervals from incidents detected by ``now``. A hang detected
-    off the timeline (before its first step or after the window ``end``) starts right after
-    the step before its stuck ``first_step``."""
+    """Hang and straggler intervals from incidents detected by ``now`` (of ``run`` only,
+    when given). A hang detected off the timeline (before its first step or after the
+    window ``end``) starts right after the step before its stuck ``first_step``."""
     hangs: list[Hang] = []
     stragglers: list[Straggler] = []
     if not timeline.size:
         return {"hangs": hangs, "stragglers": stragglers}
-    rows = session.scalars(
-        select(Incident).where(
-            Incident.job_id == job_id,
-            Incident.kind.in_(("hang", "straggler")),
-            Incident.detected_at <= datetime.fromtimestamp(now, UTC),
+    query = select(Incident).where(
+        Incident.job_id == job_id,
+        Incident.kind.in_(("hang", "straggler")),
+        Incident.detected_at <= datetime.fromtimestamp(now, UTC),
+    )
+    if run is not None:  # an incident's fingerprint names its run
+        query = query.where(
+            Incident.fingerprint.startswith(fingerprint(job_id, "", run.number), autoescape=True)
         )
-    ).all()
+    rows = session.scalars(query).all()
     lo = float((timeline[:, 2] - timeline[:, 3]).min())
     for row in rows:
         detected = row.detected_at.timestamp()

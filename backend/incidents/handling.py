@@ -40,16 +40,23 @@ MAX_NOTE_CHARS = 2000
 
 
 def acknowledge(
-    *, session: Session, incident: Incident, actor: str, now: datetime | None = None
+    *,
+    session: Session,
+    incident: Incident,
+    actor: str,
+    note: str = "",
+    now: datetime | None = None,
 ) -> Incident:
-    """Mark an open incident acknowledged by ``actor`` (again: unchanged, not re-audited)."""
+    """Mark an open incident acknowledged by ``actor`` (again: unchanged, not re-audited);
+    a ``note`` ("looking at node 7") is kept in the audit entry."""
     if incident.status != "open":
         raise Conflict(f"incident {incident.id} is {incident.status}: nothing to acknowledge")
     if incident.acked_at is not None:
         return incident
     now = now or utcnow()
     incident.acked_at, incident.acked_by = now, actor[:128]
-    _audit(session, incident, actor, "acknowledged", now)
+    note = note.strip()
+    _audit(session, incident, actor, "acknowledged", now, {"note": note} if note else None)
     return incident
 
 

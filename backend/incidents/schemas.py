@@ -35,6 +35,15 @@ class IncidentOut(BaseModel):
         default_factory=list, description="Ids of the active silences that mute it."
     )
     open_for_s: float = Field(0.0, description="Detection to resolution, or to now if open.")
+    run: int = Field(1, description="The run of the job it was opened in (its number).")
+
+
+class AckIn(BaseModel):
+    """Body of acknowledge (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = Field("", max_length=2000, description="What is being done (audited).")
 
 
 class ResolveIn(BaseModel):

@@ -68,6 +68,13 @@ def fingerprint(job_id: int, key: str, run: int = 1) -> str:
     return f"{job_id if run <= 1 else f'{job_id}@{run}'}:{key}"
 
 
+def run_of(fingerprint_: str) -> int:
+    """The number of the run an incident belongs to, from its :func:`fingerprint`."""
+    head = fingerprint_.partition(":")[0]
+    number = head.partition("@")[2]
+    return int(number) if number.isdigit() else 1
+
+
 def apply_findings(
     *, session: Session, job_id: int, findings: Iterable[Finding], covered_kinds: Iterable[str]
 ) -> Changes:
@@ -271,9 +278,18 @@ def _copy(row: Incident, f: Finding, now: Any) -> None:
 
 
 def list_incidents(
-    *, session: Session, job_id: int, status: str | None = None, limit: int = 200
+    *,
+    session: Session,
+    job_id: int,
+    status: str | None = None,
+    limit: int = 200,
+    run: int | None = None,
 ) -> list[Incident]:
+    """The job's newest incidents; ``run``: only that run's (by :func:`fingerprint`)."""
     query = select(Incident).where(Incident.job_id == job_id)
+    if run is not None:
+        scope = fingerprint(job_id, "", run)
+        query = query.where(Incident.fingerprint.startswith(scope, autoescape=True))
     if status is not None:
         query = query.where(Incident.status == status)
     return list(session.scalars(query.order_by(Incident.id.desc()).limit(limit)))

@@ -1,7 +1,8 @@
 """Incidents over REST: a job's incidents and one incident (a `read` token); acknowledge
 and resolve by hand (an `admin` token, like every other change).
 
-    curl -X POST $VIGIL/api/v1/incidents/42/ack -H "Authorization: Bearer $ADMIN"
+    curl -X POST $VIGIL/api/v1/incidents/42/ack -H "Authorization: Bearer $ADMIN" \\
+         -d '{"note": "draining node 7"}'                      # the body is optional
     curl -X POST $VIGIL/api/v1/incidents/42/resolve -H "Authorization: Bearer $ADMIN" \\
          -d '{"note": "rank 6 node drained and replaced"}'
 """
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, Query, Request
 
 from backend.alerts.models import Silence
 from backend.alerts.silences import active_silences, silencing
@@ -20,12 +21,13 @@ from backend.alerts.tasks import queue_deliveries
 from backend.auth.deps import require_scope
 from backend.auth.service import Principal
 from backend.db import utcnow
-from backend.deps import RowId, SessionDep
+from backend.deps import RowId, RunQuery, SessionDep
 from backend.errors import NotFound, errors
 from backend.incidents import handling, service
 from backend.incidents.models import Incident
-from backend.incidents.schemas import IncidentOut, ResolveIn
+from backend.incidents.schemas import AckIn, IncidentOut, ResolveIn
 from backend.jobs.models import Job
+from backend.jobs.runs import require_run
 from backend.jobs.service import require_job_id
 
 router = APIRouter(
@@ -46,6 +48,7 @@ def to_out(
         if row.status == "open"
         else [],
         "open_for_s": handling.open_for_s(row, now),
+        "run": service.run_of(row.fingerprint),
     }
     return IncidentOut.model_validate({**columns, **handled, "job": job})
 
@@ -69,10 +72,15 @@ def list_incidents(
     session: SessionDep,
     status: Annotated[Literal["open", "resolved"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    run: RunQuery = None,
 ) -> Any:
-    """The job's incidents, newest first."""
+    """The job's incidents, newest first; `run`: those opened in that run of the job."""
     job_id = require_job_id(session=session, name=job)
-    rows = service.list_incidents(session=session, job_id=job_id, status=status, limit=limit)
+    if run is not None:
+        require_run(session=session, job_id=job_id, job=job, number=run)
+    rows = service.list_incidents(
+        session=session, job_id=job_id, status=status, limit=limit, run=run
+    )
     now = utcnow()
     silences = active_silences(session=session, now=now)
     return [to_out(r, job, now=now, silences=silences) for r in rows]
@@ -84,11 +92,17 @@ def get_incident(incident_id: RowId, session: SessionDep) -> Any:
 
 
 @router.post("/incidents/{incident_id}/ack", response_model=IncidentOut, responses=errors(404, 409))
-def acknowledge(incident_id: RowId, session: SessionDep, principal: Admin) -> Any:
-    """Acknowledge an open incident: who and when are kept, reminders stop. Again: no
-    change. 409 if it is resolved."""
+def acknowledge(
+    incident_id: RowId,
+    session: SessionDep,
+    principal: Admin,
+    body: Annotated[AckIn | None, Body()] = None,
+) -> Any:
+    """Acknowledge an open incident: who and when are kept (and a `note`, in the audit
+    trail), reminders stop. Again: no change. 409 if it is resolved."""
     row, job = _incident(session, incident_id)
-    handling.acknowledge(session=session, incident=row, actor=f"api:{principal.name}")
+    note = body.note if body is not None else ""
+    handling.acknowledge(session=session, incident=row, actor=f"api:{principal.name}", note=note)
     return _out(session, row, job)
 
 

@@ -14,24 +14,24 @@ same transaction; a retried batch writes nothing, so nothing is counted twice.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.service import dispatch_for_rank, record_report
-from backend.db import bulk_insert, insert_for, utcnow
+from backend.db import bulk_insert, insert_for
 from backend.errors import Conflict
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
 from backend.ingest.shapes import add_shape_fingerprints, structure_hash
 from backend.ingest.tokens import decode_raw
 from backend.jobs.launches import Launch, follow_launch
-from backend.jobs.models import Rank
+from backend.jobs.rank_state import rank_values
 from backend.slos.service import add_slo_minutes
+from backend.telemetry.liveness import record_rank
 from backend.telemetry.models import (
     CollectiveRecord,
     JobEvent,
@@ -42,10 +42,6 @@ from backend.telemetry.models import (
 )
 from backend.telemetry.rollups import add_collective_rollups, add_step_rollups
 from backend.telemetry.serving import add_serving_minutes
-
-# How far ahead of this server's clock a rank's stored step or heartbeat time may be and
-# still outrank the next one (``_update_rank``).
-MAX_CLOCK_SKEW_S = 300.0
 
 
 class BatchIdReused(Conflict):
@@ -219,82 +215,13 @@ def _update_rank(
     by_type: dict[str, list[dict[str, Any]]],
     attempt: int,
 ) -> None:
-    """Upsert the rank's latest state; newer timestamps win, so a late batch never
-    overwrites fresher state."""
-    values: dict[str, Any] = {
-        "job_id": job_id,
-        "rank": batch.rank,
-        "host": batch.host,
-        "attempt": attempt,  # job-wide: its run's first attempt + the batch's
-        "last_seen_at": utcnow(),
-        "last_step": None,
-        "last_step_ts": None,
-        "current_step": None,
-        "last_heartbeat_ts": None,
-        "inflight": None,
-        "pid": None,
-        "drops": None,
-        "exited": False,
-        "exit_code": None,
-        "mem_capacity": None,
-        "swap_capable": False,
-    }
-    if steps := by_type.get("step"):
-        latest = max(steps, key=lambda e: e["ts"])
-        values["last_step"], values["last_step_ts"] = latest["step"], latest["ts"]
-    if beats := by_type.get("heartbeat"):
-        latest = max(beats, key=lambda e: e["ts"])
-        values["last_heartbeat_ts"] = latest["ts"]
-        values["current_step"] = latest.get("step")
-        values["inflight"] = latest.get("inflight")
-        values["pid"] = latest.get("pid")
-        values["drops"] = latest.get("dropped")
-        values["exited"] = bool(latest.get("exiting", False))
-        values["exit_code"] = latest.get("exit_code") if values["exited"] else None
-        values["mem_capacity"] = latest.get("mem_capacity")
-        values["swap_capable"] = bool(latest.get("swap", False))
-
-    stmt = insert_for(session, Rank).values(**values)
-    new, cur = stmt.excluded, Rank.__table__.c
-    # A stored time further ahead of this server's clock than MAX_CLOCK_SKEW_S (a bad clock,
-    # a hostile payload) does not outrank the next real one, which would freeze the rank.
-    ahead = time.time() + MAX_CLOCK_SKEW_S
-    newer_step = (new.last_step_ts.is_not(None)) & (
-        cur.last_step_ts.is_(None)
-        | (new.last_step_ts >= cur.last_step_ts)
-        | (cur.last_step_ts > ahead)
+    """The rank's latest state, newer parts winning (``backend.jobs.rank_state``): in
+    distributed mode to Redis, SQL's row refreshed at a low rate
+    (``backend.telemetry.liveness``); in embedded mode to the row."""
+    values = rank_values(
+        job_id=job_id, rank=batch.rank, host=batch.host, attempt=attempt, by_type=by_type
     )
-    newer_beat = (new.last_heartbeat_ts.is_not(None)) & (
-        cur.last_heartbeat_ts.is_(None)
-        | (new.last_heartbeat_ts >= cur.last_heartbeat_ts)
-        | (cur.last_heartbeat_ts > ahead)
-    )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["job_id", "rank"],
-        set_={
-            "host": new.host,
-            "attempt": new.attempt,
-            "last_seen_at": new.last_seen_at,
-            "last_step": case((newer_step, new.last_step), else_=cur.last_step),
-            "last_step_ts": case((newer_step, new.last_step_ts), else_=cur.last_step_ts),
-            "current_step": case((newer_beat, new.current_step), else_=cur.current_step),
-            "inflight": case((newer_beat, new.inflight), else_=cur.inflight),
-            "pid": case((newer_beat, new.pid), else_=cur.pid),
-            "drops": case((newer_beat, new.drops), else_=cur.drops),
-            "exited": case((newer_beat, new.exited), else_=cur.exited),
-            "exit_code": case((newer_beat, new.exit_code), else_=cur.exit_code),
-            # A heartbeat without a capacity keeps the one known (it is not news of none).
-            "mem_capacity": case(
-                (newer_beat & new.mem_capacity.is_not(None), new.mem_capacity),
-                else_=cur.mem_capacity,
-            ),
-            "swap_capable": case((newer_beat, new.swap_capable), else_=cur.swap_capable),
-            "last_heartbeat_ts": case(
-                (newer_beat, new.last_heartbeat_ts), else_=cur.last_heartbeat_ts
-            ),
-        },
-    )
-    session.execute(stmt)
+    record_rank(session=session, values=values)
 
 
 def _step_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> dict[str, Any]:

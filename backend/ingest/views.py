@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from backend.auth.deps import require_scope
 from backend.db import session_scope
@@ -25,7 +26,7 @@ from backend.ingest.schemas import (
     format_loc,
 )
 from backend.ingest.service import ingest_batch
-from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
+from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_REQUESTS, INGEST_SECONDS
 from backend.settings import Settings
 from backend.telemetry.prometheus import observe_requests
 
@@ -85,6 +86,7 @@ async def ingest(request: Request, _: Any = Depends(require_scope("ingest"))) ->
     """Store a batch of events from one rank. Idempotent on ``batch_id``; gzip allowed."""
     settings: Settings = request.app.state.settings
     gate: IngestGate = request.app.state.ingest_gate
+    INGEST_REQUESTS.labels("single").inc()
     if not gate.try_enter():
         raise _throttled(settings, f"{gate.limit} batches in flight")
     try:
@@ -94,19 +96,24 @@ async def ingest(request: Request, _: Any = Depends(require_scope("ingest"))) ->
         gate.leave()
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-    if ctype not in ("application/json", ""):
-        raise HTTPException(415, f"content-type must be application/json, not {ctype!r}")
+async def _read_body(request: Request, limit: int, content_type: str = "application/json") -> bytes:
+    ctype = request.headers.get("content-type", content_type).split(";")[0].strip()
+    if ctype not in (content_type, ""):
+        raise HTTPException(415, f"content-type must be {content_type}, not {ctype!r}")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HTTPException(413, f"body of {declared} bytes exceeds the {limit}-byte limit")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"body exceeds the {limit}-byte limit")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The sender gave up mid-body (its timeout): nothing to store, nobody to answer; not
+        # a server error (at 512 ranks this logged thousands of tracebacks as 500s).
+        raise HTTPException(400, "the client disconnected before the body was complete") from None
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding == "gzip":

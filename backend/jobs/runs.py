@@ -50,7 +50,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.errors import Conflict
+from backend.errors import Conflict, NotFound
 from backend.ingest.schemas import MAX_ATTEMPT, MAX_INT32
 from backend.jobs.models import Job, Rank, Run
 from detectors.hang import _ranks_text as ranks_text  # "ranks 0, 1 and 6 more": said once
@@ -161,6 +161,19 @@ def list_runs(*, session: Session, job_id: int) -> list[Run]:
     """The job's runs, newest first."""
     query = select(Run).where(Run.job_id == job_id).order_by(Run.number.desc())
     return list(session.scalars(query))
+
+
+def require_run(*, session: Session, job_id: int, job: str, number: int) -> Run:
+    """Run ``number`` of the job; ``NotFound`` (404) naming the job and the run when it has
+    no such run (``?run=`` of the steps and chart routes)."""
+    run = session.scalar(select(Run).where(Run.job_id == job_id, Run.number == number))
+    if run is None:
+        raise NotFound(f"job {job!r} has no run {number}")
+    return run
+
+
+def run_count(*, session: Session, job_id: int) -> int:
+    return session.scalar(select(func.count()).where(Run.job_id == job_id)) or 0
 
 
 def run_map(*, session: Session, job_id: int) -> RunMap:

@@ -15,6 +15,7 @@ from backend.errors import NotFound
 from backend.incidents.models import Incident
 from backend.jobs.models import Job, Rank, Run
 from backend.jobs.runs import ATTEMPTS_PER_RUN, LIVE_RANK_S, list_runs, run_map
+from backend.telemetry.liveness import overlay
 from backend.telemetry.models import ROLLUP_WIDTHS, StepRecord, StepRollup
 from backend.telemetry.queries import median_recent_step_s
 
@@ -198,8 +199,10 @@ def list_steps(
 
 
 def list_ranks(*, session: Session, job_id: int, now: float) -> list[dict[str, Any]]:
-    """Each rank's latest state, with its run's number and the attempt within that run."""
-    rows = session.scalars(select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank))
+    """Each rank's latest state (where it lives: ``backend.telemetry.liveness``), with its
+    run's number and the attempt within that run."""
+    query = select(Rank).where(Rank.job_id == job_id).order_by(Rank.rank)
+    rows = overlay(session.scalars(query), job_id=job_id)
     runs = run_map(session=session, job_id=job_id)
     out = []
     for r in rows:

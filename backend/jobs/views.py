@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from backend.auth.deps import require_scope
-from backend.deps import RankQuery, SessionDep, StepQuery
+from backend.deps import RankQuery, RunQuery, SessionDep, StepQuery
 from backend.errors import Invalid, NotFound, errors
 from backend.jobs import service
-from backend.jobs.runs import RunMap, run_map
+from backend.jobs.runs import RunMap, require_run, run_map
 from backend.jobs.runs import list_runs as runs_of
 from backend.jobs.schemas import JobDetail, JobOut, RankOut, RunOut, StepOut, StepPage
 from backend.telemetry.models import StepRecord
@@ -43,9 +43,7 @@ def list_steps(
     to_step: StepQuery = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page")] = None,
-    run: Annotated[
-        int | None, Query(ge=1, description="Only this run's steps (its number)")
-    ] = None,
+    run: RunQuery = None,
 ) -> Any:
     """Step records ordered by (step, rank), each with its run's number and the attempt
     within that run. Follow `next_cursor` until it is null."""
@@ -59,9 +57,7 @@ def list_steps(
     runs = run_map(session=session, job_id=job_id)
     only = None
     if run is not None:
-        only = next((r for r in runs.runs if r.number == run), None)
-        if only is None:
-            raise NotFound(f"job {job!r} has no run {run}")
+        only = require_run(session=session, job_id=job_id, job=job, number=run)
     rows, nxt = service.list_steps(
         session=session,
         job_id=job_id,

@@ -45,6 +45,10 @@ class PolicyParams(BaseModel):
     persist_p: Annotated[float, Field(ge=0, le=1)] | None = Field(
         default=None, description="Chance a straggler stays slow after a restart (default 0.5)."
     )
+    respond_s: Annotated[float, Field(ge=0, le=7 * 86_400)] | None = Field(
+        default=None,
+        description="Until a person notices a down or diverged job and acts (default 1800).",
+    )
     min_gain_s: Annotated[float, Field(ge=0)] | None = Field(
         default=None,
         description="A restart, eviction or rollback must save this much (default 300).",

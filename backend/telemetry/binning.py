@@ -14,6 +14,11 @@ finest level whose bins in range, times the ranks, fit ``ROLLUP_BUDGET``, its bi
 to at most the bins asked. Every step counts (no sampling); a bin's edges are the level's,
 so a range's first and last bin may hold a few steps outside it. Jobs without rollups (rows
 written around ingest) fall back to the sampled rows.
+
+One run of a job (``RunRows``, the routes' ``?run=N``) is its rows of that run's attempt
+range (``backend.jobs.runs``). Rollups sum a job's steps whatever the run, so a run of a
+job that has had several reads its raw rows (sampled as above); the only run of a job is
+all of its rows and reads the rollups as before.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
+from backend.jobs.models import Run
+from backend.jobs.runs import ATTEMPTS_PER_RUN
 from backend.telemetry.models import ROLLUP_WIDTHS, StepRecord, StepRollup
 
 ROW_BUDGET = 600_000  # rows one chart query may aggregate before it samples steps
@@ -34,22 +41,54 @@ MAX_SAMPLED_STEPS = 5_000  # longest list of sampled steps sent to the database
 
 
 @dataclass(frozen=True)
+class RunRows:
+    """The rows of run ``number``: job-wide attempts ``first`` … ``end - 1``. ``alone``: the
+    job's only run, so every row of the job is its own and no filter is needed.
+
+        RunRows.of(run, alone=False).only(StepRecord.attempt)   # [attempt >= 10001, …]
+    """
+
+    number: int
+    first: int
+    end: int
+    alone: bool
+
+    @classmethod
+    def of(cls, run: Run, *, alone: bool) -> RunRows:
+        return cls(run.number, run.first_attempt, run.first_attempt + ATTEMPTS_PER_RUN, alone)
+
+    def only(self, attempt: Any) -> list[Any]:
+        """Where-clauses keeping the run's rows (none for a job's only run)."""
+        return [] if self.alone else [attempt >= self.first, attempt < self.end]
+
+
+def only(rows: RunRows | None, attempt: Any) -> list[Any]:
+    """``rows.only(attempt)``, or no clause at all for the whole job (``rows`` None)."""
+    return [] if rows is None else rows.only(attempt)
+
+
+def mixes_runs(rows: RunRows | None) -> bool:
+    """Whether rollups (sums over every run) would mix other runs into ``rows``."""
+    return rows is not None and not rows.alone
+
+
+@dataclass(frozen=True)
 class Extent:
     first_step: int
     last_step: int
     ranks: int  # highest rank + 1
 
     @classmethod
-    def of(cls, session: Session, job_id: int) -> Extent | None:
-        """The job's step range and rank count, from index ends (no scan)."""
+    def of(cls, session: Session, job_id: int, rows: RunRows | None = None) -> Extent | None:
+        """The job's (or one run's) step range and rank count, from the index ends (a
+        run's read past other runs' rows at the ends, not the whole job)."""
+        where = [StepRecord.job_id == job_id, *only(rows, StepRecord.attempt)]
         row = session.execute(
-            select(func.min(StepRecord.step), func.max(StepRecord.step)).where(
-                StepRecord.job_id == job_id
-            )
+            select(func.min(StepRecord.step), func.max(StepRecord.step)).where(*where)
         ).one()
         if row[0] is None:
             return None
-        top = session.scalar(select(func.max(StepRecord.rank)).where(StepRecord.job_id == job_id))
+        top = session.scalar(select(func.max(StepRecord.rank)).where(*where))
         return cls(int(row[0]), int(row[1]), int(top or 0) + 1)
 
 
@@ -114,10 +153,20 @@ class Rollup:
 
     @classmethod
     def plan(
-        cls, session: Session, job_id: int, lo: int, hi: int, max_bins: int, ranks: int
+        cls,
+        session: Session,
+        job_id: int,
+        lo: int,
+        hi: int,
+        max_bins: int,
+        ranks: int,
+        rows: RunRows | None = None,
     ) -> Rollup | None:
-        """``None`` where raw rows are cheap enough (or the job has no rollups)."""
-        if ranks * (hi - lo + 1) <= RAW_BUDGET or not has_rollups(session, job_id):
+        """``None`` where raw rows are cheap enough, the job has no rollups, or they would
+        mix other runs into ``rows``."""
+        if ranks * (hi - lo + 1) <= RAW_BUDGET or mixes_runs(rows):
+            return None
+        if not has_rollups(session, job_id):
             return None
         level = next(
             (

@@ -4,6 +4,7 @@ metrics and free-form events. Written in bulk by ingest, read by detectors and t
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +25,10 @@ from backend.db import Base, BigId, NonFiniteFloat, UTCDateTime, utcnow
 
 
 class StepRecord(Base):
+    """One step of one rank. On PostgreSQL the table is partitioned by day on ``ts`` (its
+    key there is ``(id, ts)``; BRIN on ``ts``), and days older than
+    ``VIGIL_RAW_RETENTION_DAYS`` are dropped whole (``backend.telemetry.partitions``)."""
+
     __tablename__ = "steps"
     __table_args__ = (
         Index("ix_steps_job_step", "job_id", "step", "rank"),
@@ -108,7 +113,8 @@ class CollectiveRollup(Base):
 
 
 class CollectiveRecord(Base):
-    """Collective calls of one rank, aggregated per step and (group, op)."""
+    """Collective calls of one rank, aggregated per step and (group, op). Partitioned by
+    day on ``ts`` on PostgreSQL, as ``steps`` is."""
 
     __tablename__ = "collectives"
     __table_args__ = (Index("ix_collectives_job_step", "job_id", "step", "rank"),)
@@ -128,6 +134,10 @@ class CollectiveRecord(Base):
     count: Mapped[int] = mapped_column(Integer, default=1)
     # Member ranks of the process group; NULL for the default (world) group.
     members: Mapped[list[int] | None] = mapped_column(JSON)
+    # When the server stored the record (epoch s; not in the ingest contract): the time the
+    # partitions and retention go by. Filled here on inserts through SQLAlchemy, and by
+    # the column's default (the transaction's time) on PostgreSQL's COPY (migration 0014).
+    ts: Mapped[float] = mapped_column(Double, default=time.time)
 
 
 class OpSequence(Base):

@@ -9,6 +9,11 @@ rates; per training job its step time, open incidents by kind and severity, good
 the straggler score of each rank an open straggler incident names. Cardinality is bounded:
 no per-request labels, at most ``MAX_SERIES`` label sets per histogram (the rest are
 counted under ``replica="other"``), ranks only when an incident names them.
+
+The per-job gauges carry ``run``: the number of the launch of the job name they describe
+(``backend.jobs.runs``; ``1`` for a job without runs). Step time, goodput and heartbeat
+age are of the job's current run alone (a relaunch starts its own series); an incident's
+run is the one it was opened in. One series per job at a time, so the label adds none.
 """
 
 from __future__ import annotations
@@ -23,15 +28,17 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db import utcnow
 from backend.goodput.service import job_goodput
 from backend.incidents.models import Incident
-from backend.jobs.models import Job, Rank
+from backend.incidents.service import run_of
+from backend.jobs.models import Job, Rank, Run
 from backend.metrics import REGISTRY
 from backend.slos import service as slos
+from backend.telemetry.binning import RunRows
 from backend.telemetry.queries import median_recent_step_s
 from detectors.serving import request_metrics
 
@@ -173,66 +180,84 @@ def _slo_gauges(session: Session) -> Iterator[GaugeMetricFamily]:
 def _training_gauges(session: Session) -> Iterator[GaugeMetricFamily]:
     step = GaugeMetricFamily(
         "vigil_job_step_time_seconds",
-        "Median step time over the job's recent steps.",
-        labels=["job"],
+        "Median step time over the recent steps of the job's current run.",
+        labels=["job", "run"],
     )
     goodput = GaugeMetricFamily(
         "vigil_training_goodput",
-        "Share of the job's wall time spent on steps that were kept (0-1).",
-        labels=["job"],
+        "Share of the current run's wall time spent on steps that were kept (0-1).",
+        labels=["job", "run"],
     )
-    jobs = session.execute(select(Job.id, Job.name, Job.kind)).all()
-    for job_id, name, kind in jobs:
-        if kind == "training":
-            value = median_recent_step_s(session=session, job_id=job_id)
-            if value is not None:
-                step.add_metric([name], float(value))
-            account = job_goodput(session=session, job_id=job_id)
-            if account is not None and account["goodput"] is not None:
-                goodput.add_metric([name], float(account["goodput"]))
+    jobs = session.execute(select(Job.id, Job.name, Job.kind, Job.run_id)).all()
+    run_ids = [run_id for *_, run_id in jobs if run_id is not None]
+    current = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_(run_ids)))}
+    names = {job_id: name for job_id, name, *_ in jobs}
+    numbers: dict[int, str] = {}  # job id -> its current run's number, as a label
+    for job_id, name, kind, run_id in jobs:
+        run = current.get(run_id) if run_id is not None else None
+        numbers[job_id] = str(run.number if run is not None else 1)
+        if kind != "training":
+            continue
+        rows = RunRows.of(run, alone=False) if run is not None else None
+        value = median_recent_step_s(session=session, job_id=job_id, run=rows)
+        if value is not None:
+            step.add_metric([name, numbers[job_id]], float(value))
+        number = run.number if run is not None else None
+        account = job_goodput(session=session, job_id=job_id, run=number)
+        if account is not None and account["goodput"] is not None:
+            goodput.add_metric([name, numbers[job_id]], float(account["goodput"]))
     yield step
     yield goodput
     age = GaugeMetricFamily(
         "vigil_job_last_heartbeat_age_seconds",
-        "Seconds since the job's latest heartbeat from any rank (jobs seen in the last day).",
-        labels=["job"],
+        "Seconds since the latest heartbeat from any rank of the job's current run "
+        "(jobs seen in the last day).",
+        labels=["job", "run"],
     )
     now = time.time()
     since = utcnow() - timedelta(days=1)
-    names = {job_id: name for job_id, name, _ in jobs}
     for job_id, last in session.execute(
         select(Rank.job_id, func.max(Rank.last_heartbeat_ts))
-        .where(Rank.last_seen_at >= since)
+        .join(Job, Job.id == Rank.job_id)
+        .outerjoin(Run, Run.id == Job.run_id)
+        .where(
+            Rank.last_seen_at >= since,
+            or_(Run.id.is_(None), Rank.attempt >= Run.first_attempt),  # its current run's
+        )
         .group_by(Rank.job_id)
     ):
         if last is not None and job_id in names:
-            age.add_metric([names[job_id]], max(0.0, now - float(last)))
+            age.add_metric([names[job_id], numbers[job_id]], max(0.0, now - float(last)))
     yield age
     open_by = GaugeMetricFamily(
         "vigil_open_incidents",
-        "Open incidents by kind and severity.",
-        labels=["job", "kind", "severity"],
+        "Open incidents by kind and severity, with the run they were opened in.",
+        labels=["job", "run", "kind", "severity"],
     )
-    rows = session.execute(
-        select(Incident.job_id, Incident.kind, Incident.severity, func.count())
-        .where(Incident.status == "open")
-        .group_by(Incident.job_id, Incident.kind, Incident.severity)
-    ).all()
-    for job_id, kind, severity, n in rows:
-        open_by.add_metric([names.get(job_id, str(job_id)), kind, severity], float(n))
+    counts: dict[tuple[str, str, str, str], int] = {}
+    for job_id, kind, severity, fp in session.execute(
+        select(Incident.job_id, Incident.kind, Incident.severity, Incident.fingerprint).where(
+            Incident.status == "open"
+        )
+    ):
+        key = (names.get(job_id, str(job_id)), str(run_of(fp)), kind, severity)
+        counts[key] = counts.get(key, 0) + 1
+    for key, n in sorted(counts.items()):
+        open_by.add_metric(list(key), float(n))
     yield open_by
     score = GaugeMetricFamily(
         "vigil_straggler_score",
         "Score of each rank an open straggler incident names.",
-        labels=["job", "rank"],
+        labels=["job", "run", "rank"],
     )
-    for job_id, ranks, value in session.execute(
-        select(Incident.job_id, Incident.ranks, Incident.score).where(
+    for job_id, ranks, value, fp in session.execute(
+        select(Incident.job_id, Incident.ranks, Incident.score, Incident.fingerprint).where(
             Incident.status == "open", Incident.kind == "straggler"
         )
     ):
         for rank in (ranks or [])[:64]:
-            score.add_metric([names.get(job_id, str(job_id)), str(rank)], float(value or 0.0))
+            labels = [names.get(job_id, str(job_id)), str(run_of(fp)), str(rank)]
+            score.add_metric(labels, float(value or 0.0))
     yield score
 
 

@@ -7,6 +7,7 @@
     #  "sampled_steps_per_bin": 1, …}
     series(session=s, job_id=7)        # step time, loss, peak memory, incident marks
     bandwidth(session=s, job_id=7)     # collective bytes/s per process group
+    series(session=s, job_id=7, rows=RunRows.of(run, alone=False))   # one run's (``?run=``)
     evidence_chart(session=s, job_id=7, ranks=[3], first_step=1200)
 
 Compute time is ``compute_time_sql()`` (``backend.telemetry.timing``), the definition the
@@ -26,8 +27,8 @@ from sqlalchemy import Double, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from backend.incidents.models import Incident
-from backend.incidents.service import list_incidents
-from backend.telemetry.binning import Bins, Extent, Rollup, step_range
+from backend.incidents.service import list_incidents, run_of
+from backend.telemetry.binning import Bins, Extent, Rollup, RunRows, only, step_range
 from backend.telemetry.models import (
     FINITE,
     CollectiveRecord,
@@ -43,13 +44,14 @@ EVIDENCE_RANKS = 8  # named ranks drawn
 
 
 def median_recent_step_s(
-    *, session: Session, job_id: int, rows: int = RECENT_STEP_ROWS
+    *, session: Session, job_id: int, rows: int = RECENT_STEP_ROWS, run: RunRows | None = None
 ) -> float | None:
-    """The median of the job's last ``rows`` step rows (any rank): what the jobs list and
-    the job API show as its step time. ``None`` before the first step."""
+    """The median of the job's last ``rows`` step rows (any rank; of one run with ``run``,
+    as ``/metrics`` reports it): what the jobs list and the job API show as its step time.
+    ``None`` before the first step."""
     recent = session.scalars(
         select(StepRecord.duration_s)
-        .where(StepRecord.job_id == job_id)
+        .where(StepRecord.job_id == job_id, *only(run, StepRecord.attempt))
         .order_by(StepRecord.step.desc())
         .limit(rows)
     ).all()
@@ -73,16 +75,20 @@ def heatmap(
     from_step: int | None = None,
     to_step: int | None = None,
     agg: str = "avg",
+    rows: RunRows | None = None,
 ) -> dict[str, Any]:
     """Compute time per (rank bin, step bin): ``z[rank_bin][step_bin]``, ``None`` where
-    nothing was reported. ``agg`` is ``avg`` (default) or ``max`` over each bin."""
-    ext = Extent.of(session, job_id)
+    nothing was reported. ``agg`` is ``avg`` (default) or ``max`` over each bin. ``rows``:
+    one run's steps only (as in every chart here), its number as ``run``."""
+    ext = Extent.of(session, job_id, rows)
+    run = {} if rows is None else {"run": rows.number}
     if ext is None:
-        return {"x": [], "y": [], "z": [], "step_bin": 1, "rank_bin": 1, "value": "compute_s"}
+        empty = {"x": [], "y": [], "z": [], "step_bin": 1, "rank_bin": 1}
+        return {**empty, "value": "compute_s", **run}
     lo, hi = step_range(ext, from_step, to_step)
     rank_width = max(1, math.ceil(ext.ranks / max(1, max_ranks)))
     rank_count = math.ceil(ext.ranks / rank_width)
-    bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ext.ranks)
+    bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ext.ranks, rows)
     if isinstance(bins, Rollup):
         r = StepRollup
         value = func.max(r.max_compute) if agg == "max" else func.sum(r.sum_compute) / func.sum(r.n)
@@ -94,7 +100,7 @@ def heatmap(
         step_bin = bins.index(StepRecord.step)
         rank_bin = (StepRecord.rank // rank_width).label("rank_bin")
         query = select(step_bin, rank_bin, fn(compute_time_sql())).where(
-            StepRecord.job_id == job_id
+            StepRecord.job_id == job_id, *only(rows, StepRecord.attempt)
         )
         query = bins.where(query, StepRecord.step)
     query = query.group_by(step_bin, rank_bin)
@@ -110,12 +116,14 @@ def heatmap(
         "ranks": ext.ranks,
         "agg": "max" if agg == "max" else "avg",
         "value": "compute_s",
+        **run,
         **bins.describe(),
     }
 
 
-def lowest_rank(session: Session, job_id: int) -> int | None:
-    return session.scalar(select(func.min(StepRecord.rank)).where(StepRecord.job_id == job_id))
+def lowest_rank(session: Session, job_id: int, rows: RunRows | None = None) -> int | None:
+    where = [StepRecord.job_id == job_id, *only(rows, StepRecord.attempt)]
+    return session.scalar(select(func.min(StepRecord.rank)).where(*where))
 
 
 def _finite(column: Any) -> Any:
@@ -129,10 +137,12 @@ def series(
     max_steps: int = 1000,
     from_step: int | None = None,
     to_step: int | None = None,
+    rows: RunRows | None = None,
 ) -> dict[str, Any]:
     """Step time (mean and max per bin) and loss of the lowest rank, peak memory over all
-    ranks, and the job's incidents with their first step (to mark on the charts)."""
-    ext = Extent.of(session, job_id)
+    ranks, and the job's incidents with their first step (to mark on the charts); with
+    ``rows``, of that run only (its incidents: ``backend.incidents.service.run_of``)."""
+    ext = Extent.of(session, job_id, rows)
     out: dict[str, Any] = {
         "step": [],
         "step_time": [],
@@ -140,13 +150,17 @@ def series(
         "loss": [],
         "nonfinite_loss_steps": [],
         "memory": {"step": [], "max_bytes": []},
-        "incidents": incident_marks(session=session, job_id=job_id),
+        "incidents": incident_marks(
+            session=session, job_id=job_id, run=None if rows is None else rows.number
+        ),
     }
-    rank = lowest_rank(session, job_id)
+    if rows is not None:
+        out["run"] = rows.number
+    rank = lowest_rank(session, job_id, rows)
     if ext is None or rank is None:
         return out
     lo, hi = step_range(ext, from_step, to_step)
-    bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, ranks=1)
+    bins: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, max_steps, 1, rows)
     if isinstance(bins, Rollup):
         r = StepRollup
         b = bins.index()
@@ -175,7 +189,11 @@ def series(
                 func.avg(_finite(loss)),
                 func.sum(nonfinite),
                 func.min(StepRecord.step),
-            ).where(StepRecord.job_id == job_id, StepRecord.rank == rank),
+            ).where(
+                StepRecord.job_id == job_id,
+                StepRecord.rank == rank,
+                *only(rows, StepRecord.attempt),
+            ),
             StepRecord.step,
         )
     for index, avg, top, mean_loss, bad, first in session.execute(query.group_by(b).order_by(b)):
@@ -187,16 +205,29 @@ def series(
             out["nonfinite_loss_steps"].append(int(first))
     out.update(rank=rank, **bins.describe())
     out["memory"] = memory(
-        session=session, job_id=job_id, ext=ext, lo=lo, hi=hi, bins=min(max_steps, 300)
+        session=session,
+        job_id=job_id,
+        ext=ext,
+        lo=lo,
+        hi=hi,
+        bins=min(max_steps, 300),
+        rows=rows,
     )
     return out
 
 
 def memory(
-    *, session: Session, job_id: int, ext: Extent, lo: int, hi: int, bins: int
+    *,
+    session: Session,
+    job_id: int,
+    ext: Extent,
+    lo: int,
+    hi: int,
+    bins: int,
+    rows: RunRows | None = None,
 ) -> dict[str, Any]:
     """Peak ``mem_bytes`` over all ranks per step bin."""
-    plan: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, bins, ext.ranks)
+    plan: Bins | Rollup | None = Rollup.plan(session, job_id, lo, hi, bins, ext.ranks, rows)
     if isinstance(plan, Rollup):
         b = plan.index()
         query = plan.where(
@@ -208,14 +239,16 @@ def memory(
         b = plan.index(StepRecord.step)
         query = plan.where(
             select(b, func.max(StepRecord.mem_bytes)).where(
-                StepRecord.job_id == job_id, StepRecord.mem_bytes.is_not(None)
+                StepRecord.job_id == job_id,
+                StepRecord.mem_bytes.is_not(None),
+                *only(rows, StepRecord.attempt),
             ),
             StepRecord.step,
         )
-    rows = session.execute(query.group_by(b).order_by(b)).all()
+    found = session.execute(query.group_by(b).order_by(b)).all()
     return {
-        "step": [plan.start(i) for i, _ in rows],
-        "max_bytes": [int(v) for _, v in rows],
+        "step": [plan.start(i) for i, _ in found],
+        "max_bytes": [int(v) for _, v in found],
         **plan.describe(),
     }
 
@@ -227,32 +260,35 @@ def bandwidth(
     max_steps: int = 500,
     from_step: int | None = None,
     to_step: int | None = None,
+    rows: RunRows | None = None,
 ) -> dict[str, Any]:
     """Collective bandwidth (bytes ÷ seconds, summed over ranks and ops) per process group
     and step bin: ``{"groups": [{"group": "dp", "step": [...], "bytes_per_s": [...]}]}``."""
-    ext = Extent.of(session, job_id)
+    ext = Extent.of(session, job_id, rows)
+    run = {} if rows is None else {"run": rows.number}
     if ext is None:
-        return {"groups": []}
+        return {"groups": [], **run}
     lo, hi = step_range(ext, from_step, to_step)
     groups: dict[str, dict[str, list[Any]]] = {}
     # Big jobs read the collective rollups (about two groups per rank, hence 2 × ranks).
-    plan = Rollup.plan(session, job_id, lo, hi, max_steps, 2 * ext.ranks)
+    plan = Rollup.plan(session, job_id, lo, hi, max_steps, 2 * ext.ranks, rows)
     if plan is not None:
         r = CollectiveRollup
         idx = ((r.bin - plan.first) // plan.factor).label("bin")
-        rows = session.execute(
+        rolled = session.execute(
             select(r.group, idx, func.sum(r.sum_bytes), func.sum(r.sum_seconds))
             .where(r.job_id == job_id, r.level == plan.level)
             .where(r.bin >= plan.first, r.bin <= plan.last, r.sum_seconds > 0)
             .group_by(r.group, idx)
             .order_by(r.group, idx)
         )
-        for group, index, total, seconds in rows:
+        for group, index, total, seconds in rolled:
             g = groups.setdefault(group, {"step": [], "bytes_per_s": []})
             g["step"].append(plan.start(index))
             g["bytes_per_s"].append(num(float(total or 0) / float(seconds), 1))
         return {
             "groups": [{"group": name, **values} for name, values in sorted(groups.items())],
+            **run,
             **plan.describe(),
         }
     bins = Bins.plan(lo, hi, max_steps, ext.ranks)
@@ -260,7 +296,7 @@ def bandwidth(
     b = bins.index(c.step)
     total_bytes = func.sum(cast(c.bytes, Double))  # SQLite's integer sum() overflows at 2**63
     query = select(c.group, b, total_bytes, func.sum(c.duration_s)).where(
-        c.job_id == job_id, c.step.is_not(None), c.duration_s > 0
+        c.job_id == job_id, c.step.is_not(None), c.duration_s > 0, *only(rows, c.attempt)
     )
     query = bins.where(query, c.step).group_by(c.group, b).order_by(c.group, b)
     for group, index, total, seconds in session.execute(query):
@@ -269,6 +305,7 @@ def bandwidth(
         g["bytes_per_s"].append(num(float(total or 0) / float(seconds), 1))
     return {
         "groups": [{"group": name, **values} for name, values in sorted(groups.items())],
+        **run,
         **bins.describe(),
     }
 
@@ -310,14 +347,19 @@ def evidence_chart(
     return out
 
 
-def incident_marks(*, session: Session, job_id: int, limit: int = 200) -> list[dict[str, Any]]:
-    """The job's newest incidents, as the charts mark them at their first step."""
-    return [_mark(row) for row in list_incidents(session=session, job_id=job_id, limit=limit)]
+def incident_marks(
+    *, session: Session, job_id: int, limit: int = 200, run: int | None = None
+) -> list[dict[str, Any]]:
+    """The job's (or its run ``run``'s) newest incidents, as the charts mark them at their
+    first step, each with its run's number."""
+    found = list_incidents(session=session, job_id=job_id, limit=limit, run=run)
+    return [_mark(row) for row in found]
 
 
 def _mark(row: Incident) -> dict[str, Any]:
     return {
         "id": row.id,
+        "run": run_of(row.fingerprint),
         "kind": row.kind,
         "severity": row.severity,
         "status": row.status,

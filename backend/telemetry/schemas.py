@@ -49,12 +49,14 @@ class Heatmap(StepBinning):
     ranks: int | None = Field(None, description="highest rank + 1")
     agg: Literal["avg", "max"] | None = Field(None, description="aggregate over each cell")
     value: Literal["compute_s"] = Field(description="what z holds: step − collective wait")
+    run: int | None = Field(None, description="the run drawn (`?run=`); absent: every run")
 
 
 class IncidentMark(BaseModel):
     """An incident, as the charts mark it at its first step."""
 
     id: int
+    run: int = Field(description="the number of the job's run it belongs to")
     kind: str
     severity: str
     status: str
@@ -78,6 +80,7 @@ class Series(StepBinning):
     memory: MemorySeries
     incidents: list[IncidentMark]
     rank: int | None = Field(None, description="the rank drawn: the lowest reporting one")
+    run: int | None = Field(None, description="the run drawn (`?run=`); absent: every run")
 
 
 class GroupBandwidth(BaseModel):
@@ -88,6 +91,7 @@ class GroupBandwidth(BaseModel):
 
 class Bandwidth(StepBinning):
     groups: list[GroupBandwidth]
+    run: int | None = Field(None, description="the run drawn (`?run=`); absent: every run")
 
 
 class OverviewJob(JobDetail):

@@ -8,6 +8,12 @@ sign-in cookie (development: open).
     GET /api/v1/incidents/12/evidence-chart          the chart that fits the incident's kind
     GET /api/v1/jobs/llama/stacks                    each rank's latest stack dump
     GET /api/v1/incidents/12/stacks                  the dumps taken since the incident opened
+    GET /api/v1/jobs/llama/series?run=2              one run of the job (heatmap, bandwidth too)
+
+``?run=N`` draws one run of the job (``backend.jobs.runs``): a job name launched again
+is a new run, and without it a chart bins every run's steps by step number together.
+The page compares two runs by reading each one's series. A run the job does not have is
+a 404 naming it; a run that is no number ≥ 1 is a 422 naming ``query.run``.
 
 Keys a chart leaves out stay out of its JSON (``response_model_exclude_unset``): ``rollup``
 only where the chart was read from the rollups, bin sizes only where the job has steps.
@@ -20,12 +26,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from backend.deps import RowId, SessionDep, StepQuery
+from backend.deps import RowId, RunQuery, SessionDep, StepQuery
 from backend.errors import NotFound, errors
 from backend.goodput.service import job_goodput
 from backend.incidents.service import get_incident
 from backend.jobs import service as jobs
+from backend.jobs.runs import require_run, run_count
 from backend.telemetry import queries
+from backend.telemetry.binning import RunRows
 from backend.telemetry.evidence import incident_chart
 from backend.telemetry.schemas import (
     Bandwidth,
@@ -43,11 +51,20 @@ router = APIRouter(prefix="/api/v1", tags=["dashboard"])
 FromStep = StepQuery
 
 
+def run_rows(session: SessionDep, job: str, run: int | None) -> tuple[int, RunRows | None]:
+    """The job's id and the rows ``?run=`` asks for (None: the whole job)."""
+    job_id = jobs.require_job_id(session=session, name=job)
+    if run is None:
+        return job_id, None
+    found = require_run(session=session, job_id=job_id, job=job, number=run)
+    return job_id, RunRows.of(found, alone=run_count(session=session, job_id=job_id) == 1)
+
+
 @router.get(
     "/jobs/{job}/heatmap",
     response_model=Heatmap,
     response_model_exclude_unset=True,
-    responses=errors(404),
+    responses=errors(404, 422),
 )
 def heatmap(
     job: str,
@@ -58,21 +75,25 @@ def heatmap(
     from_step: FromStep = None,
     to_step: FromStep = None,
     agg: Annotated[Literal["avg", "max"], Query()] = "avg",
+    run: RunQuery = None,
 ) -> Any:
     """Compute time (step − collective wait) per rank bin × step bin, at most
     `max_ranks` × `max_steps` cells, aggregated in the database. `z[i][j]` is rank bin `i`
     (ranks `y[i]`…) and step bin `j` (steps `x[j]`…), null where nothing was reported.
     Above 50,000 step rows it reads the job's rollups (bins of 16 … 4,096 steps per rank,
     `rollup` says which); a job without them is sampled above 600,000 rows, each step bin
-    represented by evenly spaced steps (`sampled_steps_per_bin`)."""
+    represented by evenly spaced steps (`sampled_steps_per_bin`). `run`: that run's steps
+    only (read from raw rows when the job has had other runs)."""
+    job_id, rows = run_rows(session, job, run)
     return queries.heatmap(
         session=session,
-        job_id=jobs.require_job_id(session=session, name=job),
+        job_id=job_id,
         max_ranks=max_ranks,
         max_steps=max_steps,
         from_step=from_step,
         to_step=to_step,
         agg=agg,
+        rows=rows,
     )
 
 
@@ -80,7 +101,7 @@ def heatmap(
     "/jobs/{job}/series",
     response_model=Series,
     response_model_exclude_unset=True,
-    responses=errors(404),
+    responses=errors(404, 422),
 )
 def series(
     job: str,
@@ -89,15 +110,20 @@ def series(
     max_steps: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     from_step: FromStep = None,
     to_step: FromStep = None,
+    run: RunQuery = None,
 ) -> Any:
     """Step time (mean and max per bin) and loss of the job's lowest rank, peak memory
-    over all ranks, and the job's incidents (to mark at their first step)."""
+    over all ranks, and the job's incidents (to mark at their first step). `run`: that
+    run's steps and incidents only, so two runs can be compared step for step (the job
+    page overlays two); without it every run of the job is binned together."""
+    job_id, rows = run_rows(session, job, run)
     return queries.series(
         session=session,
-        job_id=jobs.require_job_id(session=session, name=job),
+        job_id=job_id,
         max_steps=max_steps,
         from_step=from_step,
         to_step=to_step,
+        rows=rows,
     )
 
 
@@ -105,7 +131,7 @@ def series(
     "/jobs/{job}/bandwidth",
     response_model=Bandwidth,
     response_model_exclude_unset=True,
-    responses=errors(404),
+    responses=errors(404, 422),
 )
 def bandwidth(
     job: str,
@@ -114,14 +140,18 @@ def bandwidth(
     max_steps: Annotated[int, Query(ge=1, le=5000)] = 500,
     from_step: FromStep = None,
     to_step: FromStep = None,
+    run: RunQuery = None,
 ) -> Any:
-    """Collective bandwidth (bytes ÷ seconds over all ranks and ops) per group and step bin."""
+    """Collective bandwidth (bytes ÷ seconds over all ranks and ops) per group and step
+    bin; `run`: that run's collectives only."""
+    job_id, rows = run_rows(session, job, run)
     return queries.bandwidth(
         session=session,
-        job_id=jobs.require_job_id(session=session, name=job),
+        job_id=job_id,
         max_steps=max_steps,
         from_step=from_step,
         to_step=to_step,
+        rows=rows,
     )
 
 

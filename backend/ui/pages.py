@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
@@ -40,7 +41,7 @@ from backend.ui.errors import PageError, PageRoute
 from backend.ui.evidence import evidence_context, untimed_view
 from backend.ui.handling import alerts_context, incident_handling
 from backend.ui.render import render
-from backend.ui.run_view import run_context
+from backend.ui.run_view import chart_runs, run_context
 from backend.ui.stream import incident_signature
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False)
@@ -71,14 +72,34 @@ def jobs_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
     return render(request, "jobs.html", {"jobs": rows}, page={"script": "jobs"})
 
 
+def run_urls(urls: dict[str, str], charts: dict[str, Any]) -> dict[str, str]:
+    """The chart routes for the run the page draws, and the compared run's series."""
+    if charts["run"] is None:
+        return urls
+    out = {key: f"{urls[key]}&run={charts['run']}" for key in ("series", "heatmap", "bandwidth")}
+    if charts["compare"] is not None:
+        out["compare_series"] = f"{urls['series']}&run={charts['compare']}"
+    return {**urls, **out}
+
+
 @router.get("/jobs/{job}")
-def job_page(request: Request, job: str, session: SessionDep, _: ReadPage) -> Response:
+def job_page(
+    request: Request,
+    job: str,
+    session: SessionDep,
+    _: ReadPage,
+    run: str | None = None,
+    compare: str | None = None,
+) -> Response:
+    """``?run=N`` draws run N's charts (default: the latest run), ``&compare=M`` overlays
+    run M on the step-time and loss charts (``backend.ui.run_view.chart_runs``)."""
     found = jobs.get_job(session=session, name=job)
     if found is None:
         raise PageError(404, f"No job named {job!r}.")
     job_id = jobs.get_job_id(session=session, name=job)
     assert job_id is not None
-    urls = job_urls(job)
+    charts = chart_runs(found, run=run, compare=compare)
+    urls = run_urls(job_urls(job), charts)
     job_actions = actions.list_actions(session=session, job_id=job_id, limit=20)
     context = {
         "job": found,
@@ -92,6 +113,7 @@ def job_page(request: Request, job: str, session: SessionDep, _: ReadPage) -> Re
         "swap": job_swap(session=session, job_id=job_id),
         "untimed": untimed_view(session=session, job_id=job_id),
         "stacks_url": urls["stacks"],
+        "charts": charts,
     }
     page = {
         "script": "job",
@@ -100,6 +122,9 @@ def job_page(request: Request, job: str, session: SessionDep, _: ReadPage) -> Re
         "current_step": found["last_step"],
         "incidents_signature": incident_signature(session, job_id),
         "run_state": found["state"],
+        "run": charts["run"],
+        "compare": charts["compare"],
+        "current_run": found["run"]["number"] if found["run"] else None,
     }
     return render(request, "job.html", context, page=page)
 

@@ -1,4 +1,7 @@
-/* Job page: charts from the JSON endpoints, then live updates by Server-Sent Events. */
+/* Job page: charts from the JSON endpoints, then live updates by Server-Sent Events.
+ * The charts draw one run of the job (page.run, default the latest; ?run= on the chart
+ * routes); with page.compare, the step-time and loss charts overlay that second run's
+ * series, one trace per run named "run N", x = step. */
 (function () {
   "use strict";
   var V = window.Vigil;
@@ -45,7 +48,28 @@
     return el ? el.clientWidth - margin.l - margin.r : 0;
   }
 
-  function drawSeries(d) {
+  /* Step time and loss of two runs, one trace each ("run N"), their own bins each. */
+  function drawOverlay(d, other, margin, m) {
+    var runs = [d, other].filter(function (s) { return s.step.length; });
+    if (!runs.length) {
+      V.noData("step-time-chart", "No steps in either run.");
+      V.noData("loss-chart", "No loss reported in either run.");
+      return;
+    }
+    function traces(key, unit) {
+      return runs.map(function (s) {
+        var bin = s.step_bin > 1 ? " (mean of " + s.step_bin + " steps)" : "";
+        return { x: s.step, y: s[key], name: "run " + s.run, mode: "lines",
+                 hovertemplate: "run " + s.run + " · step %{x}" + bin + "<br>%{y:.4g}" + unit + "<extra></extra>" };
+      });
+    }
+    V.plot("step-time-chart", traces("step_time", " s"),
+           { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "seconds" } },
+             shapes: m.shapes, annotations: m.annotations, margin: margin, showlegend: true });
+    V.plot("loss-chart", traces("loss", ""), { xaxis: { title: { text: "step" } }, showlegend: true });
+  }
+
+  function drawSeries(d, other) {
     marks = d.incidents || [];
     var margin = { l: 55, r: 20, t: 24, b: 40 };
     var m = incidentShapes(marks, [d.step[0], d.step[d.step.length - 1]], plotWidth("step-time-chart", margin));
@@ -53,13 +77,16 @@
     // Each lane of labels above the plot adds to the chart's height, not takes from the plot.
     var stepChart = document.getElementById("step-time-chart");
     if (stepChart) stepChart.style.height = (300 + m.top - 26) + "px";
-    if (!d.step.length) {
+    if (other) {
+      drawOverlay(d, other, margin, m);
+    } else if (!d.step.length) {
       V.noData("step-time-chart", "No steps yet.");
       V.noData("loss-chart", "No loss reported.");
     } else {
       var bin = d.step_bin > 1 ? " (mean per " + d.step_bin + " steps)" : "";
+      var run = d.run ? "run " + d.run + ": " : "";
       V.plot("step-time-chart", [
-        { x: d.step, y: d.step_time, name: "step time" + bin + ", rank " + d.rank, mode: "lines" },
+        { x: d.step, y: d.step_time, name: run + "step time" + bin + ", rank " + d.rank, mode: "lines" },
         { x: d.step, y: d.step_time_max, name: "max", mode: "lines", line: { dash: "dot", width: 1 } },
       ], { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "seconds" } },
            shapes: m.shapes, annotations: m.annotations, margin: margin });
@@ -153,7 +180,8 @@
     var chart = document.getElementById("step-time-chart");
     if (chart && chart.getAttribute("data-ready") === "1" && window.Plotly && chart.data) {
       var full = chart._fullLayout;
-      var m = incidentShapes(incidents, full.xaxis.range, full.xaxis._length);
+      var shown = incidents.filter(function (i) { return page.run == null || i.run === page.run; });
+      var m = incidentShapes(shown, full.xaxis.range, full.xaxis._length);
       window.Plotly.relayout(chart, { shapes: m.shapes, annotations: m.annotations, "margin.t": m.top });
     }
   }
@@ -184,9 +212,14 @@
       var d = JSON.parse(ev.data);
       if (d.step.length) page.current_step = d.step[d.step.length - 1];
       document.getElementById("current-step").textContent = String(d.current_step);
+      // New steps are the job's current run's: they extend its trace only (trace 0, and
+      // its max, trace 1, unless another run is overlaid there).
       var chart = document.getElementById("step-time-chart");
-      if (d.step.length && chart && chart.data && window.Plotly) {
-        window.Plotly.extendTraces(chart, { x: [d.step, d.step], y: [d.step_time, d.step_time] }, [0, 1], 20000);
+      var drawn = page.run == null || page.run === page.current_run;
+      if (d.step.length && drawn && chart && chart.data && window.Plotly) {
+        var n = page.compare == null ? 2 : 1;
+        var upd = { x: [d.step, d.step].slice(0, n), y: [d.step_time, d.step_time].slice(0, n) };
+        window.Plotly.extendTraces(chart, upd, [0, 1].slice(0, n), 20000);
       }
     });
     source.addEventListener("incidents", function (ev) {
@@ -202,8 +235,27 @@
   function load(url) {
     return Promise.all([V.fetchJSON(url), plotlyReady]).then(function (both) { return both[0]; });
   }
+  /* The run picker is a GET form: a new choice loads the page for it. A run cannot be
+   * overlaid on itself, so the compared list disables the run shown. */
+  function picker() {
+    var form = document.getElementById("run-picker");
+    if (!form) return;
+    var run = document.getElementById("run-select"), compare = document.getElementById("compare-select");
+    function sync() {
+      Array.prototype.forEach.call(compare.options, function (o) { o.disabled = o.value !== "" && o.value === run.value; });
+      if (compare.value === run.value) compare.value = "";
+    }
+    run.addEventListener("change", function () { sync(); form.requestSubmit(); });
+    compare.addEventListener("change", function () { form.requestSubmit(); });
+    sync();
+  }
+
   page = V.pageData();
-  var series = load(page.urls.series).then(drawSeries).catch(function (err) {
+  picker();
+  var compared = page.urls.compare_series ? load(page.urls.compare_series) : Promise.resolve(null);
+  var series = Promise.all([load(page.urls.series), compared]).then(function (both) {
+    drawSeries(both[0], both[1]);
+  }).catch(function (err) {
     ["step-time-chart", "loss-chart", "memory-chart"].forEach(function (id) { V.failed(id, err); });
   });
   load(page.urls.heatmap).then(drawHeatmap).catch(function (err) { V.failed("heatmap", err); });

@@ -8,8 +8,11 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from backend.actions.models import Action
+from backend.audit.models import AuditEntry
 from backend.db import make_engine
-from backend.telemetry.models import StepRecord
+from backend.demo.story import FAST
+from backend.telemetry.models import JobEvent, StepRecord
 from tests.conftest import ADMIN, INGEST
 from tests.factories import batch, step
 from tests.servers import free_port, live_server, run_vigil, vigil_env
@@ -96,6 +99,21 @@ def test_demo_fast_diagnoses_and_heals_a_real_faulty_job(tmp_path):
         line = next(line for line in out.splitlines() if row in line)
         assert "✓" in line and "yes" in line, line
     assert "rollback succeeded" in out and "restart succeeded" in out
+    # The job said how long it is, so no recovery estimate assumed a horizon.
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        plans = conn.scalars(select(JobEvent.attrs).where(JobEvent.name == "run_plan")).all()
+        decided = [
+            *conn.scalars(select(Action.reasoning)),
+            *conn.scalars(select(AuditEntry.detail)),
+        ]
+    engine.dispose()
+    assert plans and all(p["total_steps"] == FAST.steps for p in plans)
+    horizons = [r["horizon"] for r in decided if r and "horizon" in r]
+    horizons += [
+        r["reasoning"]["horizon"] for r in decided if r and "horizon" in r.get("reasoning", {})
+    ]
+    assert horizons and all("planned steps" in h for h in horizons), horizons
 
 
 def test_demo_fast_replays_the_real_pai_job(tmp_path):

@@ -10,6 +10,7 @@ from sqlalchemy import inspect
 from backend.db import make_engine
 from backend.migrate import current_revision, head_revision, upgrade
 from backend.models import Base
+from backend.telemetry.partitions import include_name
 from tests.conftest import BACKENDS, backend_url
 
 
@@ -24,7 +25,8 @@ def test_upgrade_head_has_no_drift_from_the_models(fresh_url):
     try:
         assert current_revision(engine) == head_revision()
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            opts = {"compare_type": True, "include_name": include_name}
+            ctx = MigrationContext.configure(conn, opts=opts)
             diff = compare_metadata(ctx, Base.metadata)
         assert diff == [], f"models and migrations differ: {diff}"
     finally:

@@ -44,6 +44,9 @@ class FaultyIngest:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.fault: Callable[[dict[str, Any]], Fault] = lambda batch: None
+        # Seconds to hold the answer back after taking the batch (a server slower than the
+        # collector's timeout: the batch is stored, the answer never arrives).
+        self.delay: Callable[[dict[str, Any]], float] = lambda batch: 0.0
         self.actions: list[dict[str, Any]] = []  # sent in every 200 reply
         self.calls: list[Call] = []
         self._lock = threading.Lock()
@@ -75,6 +78,7 @@ class FaultyIngest:
                     status, reply, headers = fault
                 with outer._lock:
                     outer.calls.append(Call(time.monotonic(), batch, status))
+                time.sleep(outer.delay(batch))
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 for key, value in headers.items():

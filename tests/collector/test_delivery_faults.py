@@ -168,3 +168,28 @@ def test_a_refused_token_backs_off_and_keeps_the_data():
         assert vigil.flush(timeout=20)
         assert sorted(ingest.delivered_steps()) == list(range(10))
         assert vigil.stats()["dropped"] == {}
+
+
+def test_a_batch_stored_but_answered_too_late_is_resent_whole_never_split():
+    """A server too slow for the collector's timeout stores the batch but its answer never
+    arrives, while heartbeats get through. Seen at 512 ranks: the collector struck the
+    batch as bad, split it into halves with new batch ids, and the server stored 18 steps
+    twice. An unanswered request is no sign of a bad batch: it goes again whole, same id."""
+    slow = {"left": 4}
+
+    def delay(batch: dict) -> float:  # type: ignore[type-arg]
+        if any(e["type"] == "step" for e in batch["events"]) and slow["left"] > 0:
+            slow["left"] -= 1
+            return 1.0
+        return 0.0
+
+    with FaultyIngest() as ingest:
+        ingest.delay = delay
+        vigil.init(job=JOB, endpoint=ingest.url, integrations=False, heartbeat_s=0.1, timeout_s=0.3)
+        run_steps(0, 40)
+        assert vigil.flush(timeout=30)
+        steps = ingest.delivered_steps()  # once per batch id, as the server counts
+        assert sorted(steps) == list(range(40)), f"stored twice: {len(steps) - len(set(steps))}"
+        tries = [c for c in ingest.snapshot() if not c.heartbeat_only]
+        assert len({c.batch["batch_id"] for c in tries}) == 1 and len(tries) == 5
+        assert vigil.stats()["set_aside_batches"] == 0

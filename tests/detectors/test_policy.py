@@ -72,18 +72,37 @@ def test_transient_straggler_gets_nothing() -> None:
     assert "already cleared" in d.explanation
 
 
+def costs_text(d):  # type: ignore[no-untyped-def]
+    return {c.action: c.explanation for c in d.candidates}
+
+
 def test_hang_is_restarted() -> None:
     d = decide(Facts(kind="hang", ranks=(3,), since_checkpoint_s=600, world_size=8))
     assert (d.action, d.target_ranks) == ("restart", None)
     c = costs(d)
     assert c["restart"] == pytest.approx(720)
-    assert c[None] == pytest.approx(4 * HOURS + 600)
+    assert c[None] == pytest.approx(1800 + 120 + 600)  # a person restarts it later
     assert c["dump_stacks"] == c[None]  # stacks alone leave it hung
+
+
+def test_a_hang_near_the_end_of_the_run_is_still_restarted() -> None:
+    """A hung job never finishes on its own: how little is left does not make waiting
+    cheaper (it made 'nothing' win with 11 s left of a 400-step demo job)."""
+    d = decide(Facts(kind="hang", ranks=(1,), horizon_s=11, restart_s=120, min_gain_s=300))
+    assert d.action == "restart"
+    assert "never finishes on its own" in costs_text(d)[None]
 
 
 def test_crash_is_restarted_unless_it_already_recovered() -> None:
     assert decide(Facts(kind="crash", ranks=(1,))).action == "restart"
     assert decide(Facts(kind="crash", ranks=(1,), active=False)).action is None
+
+
+def test_a_nan_near_the_end_of_the_run_is_still_rolled_back() -> None:
+    """A diverged model is no result however little of the run is left."""
+    d = decide(Facts(kind="nan", horizon_s=11, restart_s=120, min_gain_s=300, first_step=75))
+    assert d.action == "rollback"
+    assert "a person rolls it back later anyway" in costs_text(d)[None]
 
 
 def test_nan_is_rolled_back_to_before_the_first_bad_step() -> None:

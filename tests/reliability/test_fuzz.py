@@ -25,6 +25,7 @@ To replay a failure: the output names each case with a ``curl`` line and the see
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from tests.servers import live_server
 pytest.importorskip("schemathesis", reason="the fuzz needs the dev extra (schemathesis)")
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+HOOKS = Path(__file__).with_name("fuzz_hooks.py")  # how to send application/x-ndjson
 SEED = 1324
 MAX_EXAMPLES = 20  # per operation and phase: the whole run stays about a minute per database
 CHECKS = ",".join(
@@ -149,6 +151,7 @@ def test_the_api_keeps_to_its_openapi_document(server: str, tmp_path: Path) -> N
          "--phases", "examples,coverage,fuzzing",
          "--header", f"Authorization: {ADMIN['Authorization']}"],
         capture_output=True, text=True, timeout=380, cwd=tmp_path,
+        env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)},
     )  # fmt: skip
     out = run.stdout + run.stderr
     (tmp_path / "schemathesis.txt").write_text(out)  # the whole report, kept with the test

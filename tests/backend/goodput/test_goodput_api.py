@@ -101,6 +101,7 @@ def test_restart_from_a_checkpoint(client, restarted) -> None:  # type: ignore[n
         {
             "wasted_progress": 30.0,
             "disruption_recovery": 60.0,
+            "between_runs": 0.0,
             "hang": 0.0,
             "straggler_slowdown": 0.0,
             "data_loading": 10.0,
@@ -189,6 +190,7 @@ def test_job_without_steps(client) -> None:  # type: ignore[no-untyped-def]
     assert set(g["badput"]) == {
         "wasted_progress",
         "disruption_recovery",
+        "between_runs",
         "hang",
         "straggler_slowdown",
         "data_loading",

@@ -78,3 +78,43 @@ def test_label_sets_are_bounded(monkeypatch):
     monkeypatch.setattr(prometheus, "_series", set())
     seen = [prometheus._labels("j", {"replica": f"r{i}"}) for i in range(5)]
     assert [s[2] for s in seen] == ["r0", "r1", "other", "other", "other"]
+
+
+def test_job_gauges_name_the_run(client, session):
+    """A job name launched again is a new run: the per-job gauges carry ``run`` (its number)
+    and describe that run, not a mix of both launches."""
+    from sqlalchemy import select
+
+    from backend.incidents.models import Incident
+    from backend.jobs.models import Job
+
+    job, now = f"relaunched-{uuid.uuid4().hex[:6]}", time.time()
+    first = [step(n, ts=now - 100 + n, duration_s=0.25) for n in range(20)]
+    goodbye = {"type": "heartbeat", "ts": now - 80, "exiting": True, "exit_code": 0}
+    for events in (first, [goodbye]):
+        body = batch(events, job=job, world_size=1, run="launch-a")
+        assert client.post("/api/v1/ingest", json=body, headers=INGEST).status_code == 200
+    second = [step(n, ts=now - 10 + n, duration_s=0.5) for n in range(5)]
+    beat = {"type": "heartbeat", "ts": now - 3.0, "step": 5}
+    body = batch([*second, beat], job=job, world_size=1, run="launch-b")
+    assert client.post("/api/v1/ingest", json=body, headers=INGEST).status_code == 200
+    job_id = session.scalar(select(Job.id).where(Job.name == job))
+    fp = f"{job_id}@2:straggler:0"  # opened in run 2 (backend.incidents.service.fingerprint)
+    session.add(Incident(job_id=job_id, kind="straggler", fingerprint=fp, ranks=[0], score=4.5))
+    session.commit()
+
+    metrics = scrape(client)
+
+    def mine(name: str) -> list:  # type: ignore[type-arg]
+        return [s for s in metrics[name] if s.labels["job"] == job]
+
+    [step_time] = mine("vigil_job_step_time_seconds")
+    assert (step_time.labels["run"], step_time.value) == ("2", 0.5)  # run 2's steps only
+    [goodput] = mine("vigil_training_goodput")
+    assert goodput.labels["run"] == "2" and 0.0 < goodput.value <= 1.0
+    [age] = mine("vigil_job_last_heartbeat_age_seconds")
+    assert age.labels["run"] == "2" and 2.0 <= age.value < 60.0
+    [open_] = mine("vigil_open_incidents")
+    assert (open_.labels["run"], open_.labels["kind"], open_.value) == ("2", "straggler", 1)
+    [score] = mine("vigil_straggler_score")
+    assert (score.labels["run"], score.labels["rank"], score.value) == ("2", "0", 4.5)
