@@ -58,10 +58,11 @@ class Settings(BaseSettings):
         None, description="Redis URL for Celery and locks; unset means embedded mode."
     )
     liveness_store: Literal["redis", "sql"] = Field(
-        "redis",
-        description="Distributed mode: where heartbeats and in-flight ops land. `redis` "
-        "keeps them off SQL (rank rows refreshed every 10 s, "
-        "`backend.telemetry.liveness`); `sql` writes each to its rank row, as embedded mode.",
+        "sql",
+        description="Distributed mode: where heartbeats and in-flight ops land. `sql` "
+        "(default) writes each to its rank row, as embedded mode; `redis` keeps them off "
+        "SQL (rank rows refreshed every 10 s, `backend.telemetry.liveness`): opt-in until "
+        "a flaky hang culprit on that path is understood.",
     )
     admin_token: SecretStr | None = Field(
         None, description="Bootstrap token with every scope. Required in production."

@@ -46,7 +46,13 @@ def found(stack: VigilStack, job: str) -> list[tuple[str, list[int]]]:
 def test_the_worker_finds_a_crash_and_a_hang_from_heartbeats_in_redis(
     tmp_path, reliability_db, reliability_redis
 ):
-    stack = VigilStack(tmp_path, db_url=reliability_db, redis_url=reliability_redis, **FAST)
+    stack = VigilStack(
+        tmp_path,
+        db_url=reliability_db,
+        redis_url=reliability_redis,
+        VIGIL_LIVENESS_STORE="redis",
+        **FAST,
+    )
     try:
         stack.start_worker()
         stack.start_beat()

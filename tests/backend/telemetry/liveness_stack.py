@@ -32,6 +32,7 @@ def distributed_client(
     settings = Settings(
         database_url=db_url,
         redis_url=redis_url,
+        liveness_store="redis",
         env="development",
         token_cache_s=0,
         detect_interval_s=0,
