@@ -130,6 +130,7 @@ def create_app(
     app.state.sessionmaker = factory
     app.state.verifier = TokenVerifier(factory, settings.bootstrap_tokens(), settings.token_cache_s)
     app.state.ingest_gate = IngestGate(settings.max_inflight_ingest)
+    app.state.liveness_gate = IngestGate(settings.max_inflight_liveness)
     install_error_handlers(app)
     app.add_middleware(RequestGuard, settings=settings)
     app.state.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_token)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -199,6 +200,32 @@ def bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> Non
         else:
             for row in rows:
                 copy.write_row([row[c] for c in columns])
+
+
+def unique_rounds(
+    rows: list[dict[str, Any]], *, key: tuple[str, ...]
+) -> list[list[dict[str, Any]]]:
+    """``rows`` for upserts that may meet a key only once per statement (PostgreSQL's ON
+    CONFLICT DO UPDATE): the first row of each key, then the second of the keys that
+    have one, and so on; each round sorted by ``key``. Run in turn, the rounds change a
+    key's row in the order its rows came, as one statement per batch would; a key in a
+    later round is in the first one, so sorting keeps one lock order for every writer.
+
+    >>> [[r["n"] for r in part] for part in unique_rounds(
+    ...     [{"k": 2, "n": 0}, {"k": 1, "n": 1}, {"k": 2, "n": 2}], key=("k",))]
+    [[1, 0], [2]]
+    """
+    of = itemgetter(*key)
+    rounds: list[list[dict[str, Any]]] = []
+    seen: dict[Any, int] = {}
+    for row in rows:
+        k = of(row)
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(row)
+    return [sorted(part, key=of) for part in rounds]
 
 
 def add_sums(

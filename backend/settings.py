@@ -58,11 +58,10 @@ class Settings(BaseSettings):
         None, description="Redis URL for Celery and locks; unset means embedded mode."
     )
     liveness_store: Literal["redis", "sql"] = Field(
-        "sql",
-        description="Distributed mode: where heartbeats and in-flight ops land. `sql` "
-        "(default) writes each to its rank row, as embedded mode; `redis` keeps them off "
-        "SQL (rank rows refreshed every 10 s, `backend.telemetry.liveness`): opt-in until "
-        "a flaky hang culprit on that path is understood.",
+        "redis",
+        description="Distributed mode: where heartbeats and in-flight ops land. `redis` "
+        "keeps them off SQL (rank rows refreshed every 10 s, "
+        "`backend.telemetry.liveness`); `sql` writes each to its rank row, as embedded mode.",
     )
     admin_token: SecretStr | None = Field(
         None, description="Bootstrap token with every scope. Required in production."
@@ -107,6 +106,12 @@ class Settings(BaseSettings):
     max_events_per_batch: int = Field(20_000, ge=1, description="Most events in one batch.")
     max_inflight_ingest: int = Field(
         16, ge=1, description="Concurrent ingest requests per process before replying 429."
+    )
+    max_inflight_liveness: int = Field(
+        32,
+        ge=1,
+        description="Concurrent heartbeat-only ingest requests per process let in past a full "
+        "`max_inflight_ingest` (then 429): overload must not silence live ranks.",
     )
     retry_after_s: int = Field(2, ge=1, description="`Retry-After` sent with 429.")
     db_pool_size: int = Field(10, ge=1, description="Database connections per process.")

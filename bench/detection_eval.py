@@ -32,7 +32,10 @@ What it does:
    ``backend.detection.runner`` does, each window is cut to its settled steps
    (``detectors.settle``; in a simulated run every rank reports every step, so nothing is
    held back) and the straggler detector gets each rank's baseline, learned once and carried
-   (``bench.replay.Baselines``). Findings become incidents as
+   (``bench.replay.Baselines``), and the step each rank's open straggler incident names it
+   from (``IncidentTracker.named_since``); the slowdown detector also gets the job's step
+   time before the window where 200 steps last under 3 minutes (:func:`slowdown_history`,
+   as ``backend.detection.history`` loads it). Findings become incidents as
    ``backend/incidents/service.py`` makes them (one per key while it stays open; an episode
    that is already over is recorded once): each incident opened is one **alert**.
 4. **Scoring** (:func:`score`). An alert is a true positive when it is of the fault's finding
@@ -106,6 +109,7 @@ from bench.replay import (
     Baselines,
     IncidentTracker,
     backend_window,
+    straggler_findings,
 )
 from bench.simulate import (
     Fault,
@@ -115,8 +119,9 @@ from bench.simulate import (
     recent_step_durations,
     simulate,
 )
-from detectors import comm, hang, memory, numerics, registry, slowdown, straggler
+from detectors import comm, hang, memory, numerics, registry, slowdown
 from detectors.finding import Finding
+from detectors.window import StepHistory, StepWindow
 
 __all__ = ["Alert", "IncidentTracker", "Trial", "load_trials", "main", "matches", "score"]
 
@@ -186,26 +191,40 @@ SCALE_SCENARIOS = frozenset({"straggler_group", "clean_heterogeneous"})
 # Running the detectors over a simulated run
 
 
-def window_findings(
-    run: Run, lo: int, hi: int, *, baseline: np.ndarray | None = None
-) -> list[Finding]:
-    """Every window detector on step indices ``lo:hi`` of ``run``, as their registrations
-    call them (``detectors.registry``; the straggler detector with the carried ``baseline``);
-    the simulator hands the comm detector its families and the memory detector the devices'
-    capacity directly."""
+def window_findings(run: Run, lo: int, hi: int, *, window: StepWindow) -> list[Finding]:
+    """Every window detector on step indices ``lo:hi`` of ``run``: the straggler detector
+    through its registration on the backend's ``window`` of those steps (with the carried
+    baselines and named ranks, ``bench.replay.backend_window``), the others as their
+    registrations call them (``detectors.registry``); the simulator hands the comm detector
+    its families and the memory detector the devices' capacity directly."""
     sl = slice(lo, hi)
     steps = run.steps[sl]
-    out: list[Finding] = []
-    out += straggler.detect_stragglers(
-        steps, run.step_time[:, sl], comm_time=run.comm_time[:, sl], baseline=baseline
-    )
+    out: list[Finding] = straggler_findings(window)
     out += numerics.detect_numerics(run.loss[:, sl], run.grad_norm[:, sl], steps=steps)
     out += slowdown.detect_slowdown(
-        run.step_time[:, sl], run.comm_time[:, sl], run.data_time[:, sl], steps=steps
+        run.step_time[:, sl],
+        run.comm_time[:, sl],
+        run.data_time[:, sl],
+        steps=steps,
+        history=slowdown_history(run, lo, window),
     )
     out += comm.detect_comm(run.families(lo, hi), steps=steps)
     out += memory.detect_memory(run.mem_bytes[:, sl], run.capacity_bytes(), steps=steps)
     return out
+
+
+def slowdown_history(run: Run, lo: int, window: StepWindow) -> StepHistory | None:
+    """The steps before index ``lo`` that the backend gives the slowdown detector with this
+    window (``backend.detection.history``), None when it gives none."""
+    first = max(0, lo - slowdown.history_steps(window))
+    if first == lo:
+        return None
+    return StepHistory.from_arrays(
+        steps=run.steps[first:lo],
+        step_time=run.step_time[:, first:lo],
+        comm_time=run.comm_time[:, first:lo],
+        data_time=run.data_time[:, first:lo],
+    )
 
 
 def stream_windows(
@@ -217,7 +236,8 @@ def stream_windows(
     the full window of history behind it). As the backend: the window is cut to its settled
     steps (every rank reports every step here, so nothing is held back) and the straggler
     detector gets each rank's baseline, learned at the first tick that allows it and kept
-    (the simulated hardware does not change, so that equals learning at the job's start)."""
+    (the simulated hardware does not change, so that equals learning at the job's start),
+    and the ranks its open straggler incidents name, with their first steps."""
     tracker = IncidentTracker(WINDOW_KINDS)
     if run.n_steps == 0:
         return []
@@ -237,10 +257,11 @@ def stream_windows(
                 step_time=run.step_time[:, lo:n_done],
                 comm_time=run.comm_time[:, lo:n_done],
                 live_ranks=run.n_ranks,
+                incidents=tracker,
             )
             hi = lo + window.steps.size
             if hi > lo:
-                findings = window_findings(run, lo, hi, baseline=window.straggler_baseline)
+                findings = window_findings(run, lo, hi, window=window)
                 tracker.apply(findings, step=int(run.steps[hi - 1]), now=now)
             done_before = n_done
         now += interval_s

@@ -9,7 +9,8 @@ share it.
   job (``detectors.straggler.learn_baselines``, from the first window with enough steps) and
   handed back to every later window, as ``backend/detection/baselines.py`` keeps it.
 - :func:`backend_window`: a window as a detection run judges it: cut before its unsettled
-  tail (``detectors.settle.settled`` with the live-rank count), with the carried baselines.
+  tail (``detectors.settle.settled`` with the live-rank count), with the carried baselines
+  and the step each rank's open straggler incident names it from.
 - :func:`replay`: a finished job's step records (:class:`Telemetry`) delivered batch by
   batch in a given order to an in-process stand-in for the server (:class:`ServerView`),
   with a straggler detection run every few batches: the incidents it opens (:class:`Outcome`).
@@ -32,10 +33,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from detectors import registry
 from detectors.finding import Finding
 from detectors.settle import settled
-from detectors.straggler import detect_stragglers, learn_baselines
-from detectors.window import StepWindow
+from detectors.straggler import learn_baselines
+from detectors.window import StepWindow, Window
 
 WINDOW = 200  # steps per detection window (backend detect_window_steps)
 DETECTOR_OF_KIND = {
@@ -60,6 +62,7 @@ __all__ = [
     "Telemetry",
     "backend_window",
     "replay",
+    "straggler_findings",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -125,6 +128,20 @@ class IncidentTracker:
             for i, a in enumerate(self.alerts)
         ]
 
+    def named_since(self, ranks: npt.ArrayLike) -> FloatArray:
+        """Per rank, the first step of its open straggler incident, NaN where it has none:
+        what ``backend.detection.baselines.attach_named`` hands the detector."""
+        rank_ids = np.asarray(ranks, dtype=np.int64)
+        out = np.full(rank_ids.size, np.nan)
+        since = {
+            int(key.partition(":")[2]): row.first_step
+            for key, row in self.open.items()
+            if row.kind == "straggler" and row.first_step is not None
+        }
+        for i, rank in enumerate(rank_ids.tolist()):
+            out[i] = since.get(rank, np.nan)
+        return out
+
     def _known(self, key: str, first_step: int | None) -> bool:
         return any(
             r.key == key and (first_step is None or r.first_step == first_step) for r in self.rows
@@ -188,7 +205,7 @@ class IncidentTracker:
 
 class Baselines:
     """``backend.detection.baselines`` without a store: each rank's normal ratio, learned
-    from the first window that allows it (``learn_baselines``: at least ``baseline_steps``
+    from the first window that allows it (``learn_baselines``: at least ``learn_steps``
     steps, the rank in half of them) and kept for the rest of the job."""
 
     def __init__(self, world_size: int) -> None:
@@ -215,15 +232,29 @@ def backend_window(
     step_time: npt.ArrayLike,
     comm_time: npt.ArrayLike | None = None,
     live_ranks: int,
+    incidents: IncidentTracker | None = None,
 ) -> StepWindow:
     """The step window a detection run judges (``backend.detection.runner.detect_job``): the
-    steps enough live ranks have reported, with each rank's carried baseline. Empty (no
-    steps) when nothing is settled yet; baselines are then not touched."""
+    steps enough live ranks have reported, with each rank's carried baseline and the step
+    its open straggler incident (in ``incidents``) names it from. Empty (no steps) when
+    nothing is settled yet; baselines are then not touched."""
     window = settled(
         StepWindow.from_arrays(steps=steps, ranks=ranks, step_time=step_time, comm_time=comm_time),
         live_ranks=live_ranks,
     )
-    return keeper.attach(window) if window.steps.size else window
+    if not window.steps.size:
+        return window
+    window = keeper.attach(window)
+    if incidents is None:
+        return window
+    return dataclasses.replace(window, straggler_since=incidents.named_since(window.ranks))
+
+
+def straggler_findings(window: StepWindow) -> list[Finding]:
+    """The straggler detector on ``window`` as the backend runs it: its registration
+    (``detectors.registry``), which reads the carried baselines and named ranks."""
+    [detector] = [d for d in registry.detectors() if d.name == "straggler"]
+    return detector.detect(Window(steps=window))
 
 
 @dataclass(frozen=True)
@@ -343,16 +374,11 @@ def _detect(
         step_time=times,
         comm_time=comm,
         live_ranks=view.job.n_ranks,
+        incidents=tracker,
     )
     out.runs += 1
     out.held += int(window.steps.size < steps.size)
     if window.steps.size:  # nothing settled: the run has no step window (no change)
-        findings = detect_stragglers(
-            window.steps,
-            window.step_time,
-            comm_time=window.comm_time if window.has_comm else None,
-            ranks=window.ranks,
-            baseline=window.straggler_baseline,
-        )
+        findings = straggler_findings(window)
         tracker.apply(findings, step=int(window.steps[-1]), now=float(out.runs))
     out.seconds += time.perf_counter() - start

@@ -6,12 +6,16 @@ flows, alone while telemetry waits (a retry, a backoff, a ``Retry-After``), so l
 the actions in replies never queue behind a batch. A heartbeat is also the probe: the first
 one that gets through after an outage releases the telemetry at once, so delivery resumes
 within about a heartbeat of the server's return (between telemetry retries the backoff is
-capped at 4 s). After a batch fails, a heartbeat tells whether the server or the batch is at
-fault; a batch the server will not take is isolated and set aside (``collector.outbox``) and
-the batches behind it go on. A refused token or a wrong endpoint (401, 403, 404) backs off
-from 1 s to 60 s and keeps the data.
+capped at 4 s). While the worker waits for the answer to a telemetry request (a slow,
+overloaded server), the heartbeats falling due go on their own from a second thread
+(``collector.pulse``), so the server hears from the rank every ``heartbeat_s`` however
+late it answers telemetry. After a batch fails, a heartbeat tells whether the server or
+the batch is at fault; a batch the server will not take is isolated and set aside
+(``collector.outbox``) and the batches behind it go on. A refused token or a wrong
+endpoint (401, 403, 404) backs off from 1 s to 60 s and keeps the data.
 
-Only the worker thread calls a ``Shipper``; ``stats`` may read its counters from anywhere.
+Only the worker thread calls a ``Shipper`` (the pulse's thread only claims heartbeat ticks
+and sends heartbeats); ``stats`` may read its counters from anywhere.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from typing import Any
 
 from collector.config import Config
 from collector.outbox import STRIKES, Batch, Outbox, bad_event_indexes
+from collector.pulse import Pulse
 from collector.transport import Backoff, HttpTransport, Outcome
 
 log = logging.getLogger("vigil.collector")
@@ -47,16 +53,21 @@ class Shipper:
         *,
         drop: Callable[[str, int], None],
         on_actions: Callable[[list[dict[str, Any]]], None],
+        tick: Callable[[], list[Event]] = list,
     ) -> None:
         self.config = config
         self.transport = transport
         self._on_actions = on_actions
+        self._tick = tick  # the heartbeat(s) due now, for the pulse
         self.outbox = Outbox(limit=config.max_queue, max_batch=config.max_batch, drop=drop)
         self.sent_batches = 0
         self.sent_events = 0
         self.beat: Event | None = None  # the newest heartbeat not yet sent
         self.beat_must = False  # the clean-exit heartbeat: retried, never superseded
-        self.beat_at = 0.0  # next heartbeat tick (monotonic)
+        self.beat_at = 0.0  # next heartbeat tick (monotonic): ``claim_beat``
+        self._beat_clock = threading.Lock()  # the worker and the pulse claim ticks
+        self.pulse = Pulse(due_in=lambda: self.beat_at - time.monotonic(), beat=self._beat_aside)
+        self.beats_aside = 0  # heartbeats the pulse delivered (only its thread writes)
         self._beat_hold = 0.0
         self._deadline = 0.0  # when buffered telemetry is due
         self._retry_at = 0.0  # telemetry waits until then (backoff or Retry-After)
@@ -70,6 +81,27 @@ class Shipper:
         if not self.outbox.buf:
             self._deadline = time.monotonic() + self.config.flush_s
         self.outbox.add(event)
+
+    def claim_beat(self, now: float) -> bool:
+        """Take the heartbeat tick when it is due: the caller ticks (``tick``) and sends."""
+        with self._beat_clock:
+            if now < self.beat_at:
+                return False
+            self.beat_at = now + self.config.heartbeat_s
+            return True
+
+    def _beat_aside(self) -> None:
+        """On the pulse's thread, while the worker waits for a telemetry answer: the
+        heartbeat due now, alone, with its own batch id."""
+        if not self.claim_beat(time.monotonic()):
+            return  # the worker was back in time and took the tick
+        for beat in self._tick():
+            outcome = self.transport.send(self._envelope(str(uuid.uuid4()), [beat]))
+            if outcome.delivered:
+                self.beats_aside += 1
+                self._dispatch(outcome)
+            else:
+                log.debug("vigil: a heartbeat sent apart was not taken (%s)", outcome.reason)
 
     def hold_beat(self, beat: Event) -> None:
         if self.beat_must and not beat.get("exiting"):
@@ -119,7 +151,8 @@ class Shipper:
         events = batch.events if beat is None else [*batch.events, beat]
         batch.attempts += 1
         batch.root.requests += 1
-        outcome = self.transport.send(self._envelope(batch.batch_id, events))
+        with self.pulse.cover():
+            outcome = self.transport.send(self._envelope(batch.batch_id, events))
         if outcome.delivered or outcome.already_stored:
             self.sent_batches += 1
             self.sent_events += len(batch.events)
@@ -186,7 +219,8 @@ class Shipper:
             # an overloaded server answers it, or the duplicate, on a later try.
             batch.suspect = not outcome.unanswered
             self._retry_at, self._throttled = now + self._backoff.next_delay(), False
-            self.beat_at = now  # a heartbeat now tells the server's fault from the batch's
+            with self._beat_clock:  # a heartbeat now tells the server's fault from the batch's
+                self.beat_at = now
             self.outbox.last_error = outcome.reason
             self._report("retry", "vigil: backend not taking data (%s); retrying", outcome.reason)
         elif kind == "throttled":

@@ -3,10 +3,12 @@
 The training thread only ever calls ``submit`` (``put_nowait``; when the hand-off queue is
 full the event is dropped and counted as ``queue_full``). The worker thread moves events at
 once into its outbox (``collector.outbox``: bounded, the *oldest* telemetry goes first when
-it is full), adds a heartbeat every ``heartbeat_s``, and ships (``collector.shipper``):
-batches by size or time, retried with the same ``batch_id`` so the server stores a retried
-batch once, ``Retry-After`` honoured, heartbeats apart from telemetry, a batch the server
-will not take set aside, actions from replies handed to a callback.
+it is full), adds a heartbeat every ``heartbeat_s`` (sent from a second thread,
+``collector.pulse``, while it waits for a slow answer to telemetry), and ships
+(``collector.shipper``): batches by size or time, retried with the same ``batch_id`` so the
+server stores a retried batch once, ``Retry-After`` honoured, heartbeats apart from
+telemetry, a batch the server will not take set aside, actions from replies handed to a
+callback.
 
 It survives ``fork``: a child process gets a fresh queue and outbox and starts its own
 thread on first use. At interpreter exit it flushes for at most ``exit_timeout_s``.
@@ -71,7 +73,9 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         # The worker thread's state (a forked child starts over: the parent ships its own).
-        self._ship = Shipper(c, self.transport, drop=self.drop, on_actions=self._on_actions)
+        self._ship = Shipper(
+            c, self.transport, drop=self.drop, on_actions=self._on_actions, tick=self._safe_tick
+        )
         self._flushes: list[tuple[_Flush, int]] = []
 
     # -- called from user threads: never blocks, never raises --------------------------
@@ -101,7 +105,7 @@ class Worker:
             dropped = dict(self.dropped)
         ship = self._ship
         return {
-            "sent_batches": ship.sent_batches,
+            "sent_batches": ship.sent_batches + ship.beats_aside,
             "sent_events": ship.sent_events,
             "dropped": dropped,
             "set_aside_batches": ship.outbox.set_aside_batches,
@@ -160,9 +164,7 @@ class Worker:
                 stop = self._take(ship.wait_s(bool(self._flushes)))
                 if stop:
                     break
-                now = time.monotonic()
-                if now >= ship.beat_at:
-                    ship.beat_at = now + self.config.heartbeat_s
+                if ship.claim_beat(time.monotonic()):
                     for beat in self._safe_tick():
                         ship.hold_beat(beat)
                 ship.send(bool(self._flushes))
@@ -170,6 +172,7 @@ class Worker:
             except Exception:  # a bug here must not end shipping for the process
                 log.warning("vigil: collector worker error", exc_info=True)
                 time.sleep(0.1)
+        ship.pulse.stop()
         left = ship.outbox.clear()
         if left:
             self.drop("shutdown", left)

@@ -43,6 +43,14 @@ recovery policy acts once (restart) instead of also acting on the consequence. A
 are roots of the survivors' waits on their own (a second fault: stuck, and waiting for no
 crashed rank) are named in the ``crash`` finding too (``stuck_ranks``, ``culprit_reasons``).
 
+**A failed node.** The ranks of a node that fails die together, but their last heartbeats
+are up to one interval apart, so when the first is past the timeout the others are quiet
+for only a little less. Once a rank is dead, the ranks *of its host* quiet for two
+heartbeat intervals are dead too, and named in the same ``crash``. Ranks on other hosts (or
+whose host is not known) are judged on the timeout alone: two intervals of quiet is what a
+server that is behind (overloaded, a backlog of batches) makes of many live ranks at once,
+and naming them would turn one crash into dozens.
+
 **A job that stopped.** When every rank falls silent within one heartbeat timeout of the others
 the job is taken to have stopped (finished, cancelled, preempted) and nothing is reported,
 unless the caller says the job should still be running (``finished=False``), which makes it a
@@ -166,6 +174,8 @@ def detect(
     groups: Mapping[str, Collection[int]] | None = None,
     finished: bool | None = None,
     config: HangConfig | None = None,
+    unreported: Collection[int] = (),
+    started_ts: float | None = None,
 ) -> list[Finding]:
     """Hang and crash findings for one job at time ``now``.
 
@@ -173,20 +183,24 @@ def detect(
     ``groups``: optional process-group membership (group name → global ranks).
     ``finished``: ``True`` when the job is known to have exited cleanly (nothing to report),
     ``False`` when it is known to be still running, ``None`` when unknown.
+    ``unreported``: ranks of the world that have sent nothing yet; ``started_ts``: when the
+    run was first seen. Until every rank reported or the run is a heartbeat timeout old,
+    nothing is judged: the first batches of a run arrive over a second or so, and ranks
+    waiting in a collective for ranks whose state has not arrived yet would otherwise be
+    judged without them (a hang with no culprit, or the wrong one).
     """
     cfg = config or HangConfig()
     if finished or not states:
         return []
     hb_timeout = cfg.heartbeat_timeout_s
+    if unreported and (started_ts is None or now - started_ts <= hb_timeout):
+        return []  # the run is starting: its picture is not whole yet
     timeout = learn_timeout(step_durations, cfg)
 
     silent = {s.rank: now - s.last_seen_ts for s in states if now - s.last_seen_ts > hb_timeout}
     dead: set[int] = set(silent)
     if dead and len(dead) < len(states):
-        # Ranks of a failed node die together but their last heartbeats are up to one
-        # interval apart: once one is dead, a rank quiet for two intervals is dead too.
-        quiet = 2 * cfg.heartbeat_interval_s
-        dead |= {s.rank for s in states if now - s.last_seen_ts > quiet}
+        dead |= _node_mates(states, dead, now=now, quiet_s=2 * cfg.heartbeat_interval_s)
     stopped_together = False
     if len(dead) == len(states):
         newest = max(s.last_seen_ts for s in states)
@@ -260,6 +274,25 @@ def detect(
             evidence=ev,
         )
     ]
+
+
+def _node_mates(
+    states: Sequence[RankState], dead: Collection[int], *, now: float, quiet_s: float
+) -> set[int]:
+    """Ranks quiet for ``quiet_s`` on a host where a rank in ``dead`` is: the node failed.
+
+    >>> a = RankState(0, 9, 10, 90.0, 91.0, host="a")  # dead
+    >>> b = RankState(1, 9, 10, 90.0, 97.0, host="a")  # quiet 3 s, on the same node
+    >>> c = RankState(2, 9, 10, 90.0, 97.0, host="b")  # as quiet, on another node
+    >>> sorted(_node_mates([a, b, c], {0}, now=100.0, quiet_s=2.0))
+    [1]
+    """
+    hosts = {s.host for s in states if s.rank in dead and s.host is not None}
+    return {
+        s.rank
+        for s in states
+        if s.host in hosts and s.rank not in dead and now - s.last_seen_ts > quiet_s
+    }
 
 
 def _crash(
@@ -336,4 +369,6 @@ def _detect_window(window: Window) -> list[Finding]:
         # silent together without a word is a crash (a launcher tearing the group down
         # after one rank died), not an end. Serving replicas make no such promise.
         finished=False if live.expect_running else None,
+        unreported=live.unreported,
+        started_ts=live.started_ts,
     )

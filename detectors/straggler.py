@@ -31,9 +31,10 @@ wait included, and would look slow next to the ranks whose wait is known.
 2. Per rank, its *normal* ratio: the median over the first ``baseline_steps`` steps of the
    window, capped at ``max_baseline_ratio`` (or ``baseline=`` from the caller, uncapped);
    floored at 1, since a rank that is normally fast is no straggler at the reference speed.
-   The backend learns it once per run and attempt (:func:`learn_baselines`) and passes it
-   back to every later window, so a slowdown that lasts thousands of steps is not absorbed
-   once the window has slid past its onset.
+   The backend learns it once per run and attempt (:func:`learn_baselines`, from the first
+   ``learn_steps`` steps: more precise than 20) and passes it back to every later window,
+   so a slowdown that lasts thousands of steps is not absorbed once the window has slid
+   past its onset.
    Dividing by it means a rank on slower hardware that is 10% slower from the start never
    fires: only a *change* in a rank's relative speed counts. The cap means a rank that is
    already far slower when the window opens still fires, from the window's first step.
@@ -61,6 +62,16 @@ wait included, and would look slow next to the ranks whose wait is known.
    persist_k`` steps under it (a recovered rank's isolated noisy steps do not prolong it).
    An episode still firing at the window's last step is ``active``; one that ended inside
    the window is reported with ``active=False`` and ``last_step``.
+   **Named already** (``named_since=``: the caller's open incidents): each window is judged
+   afresh, so a rank slower by about the threshold would have to cross it again in every
+   window. A rank named from step X fired there: its episode goes on, from X, while it
+   stays at the hold level, as if this window had seen it fire; it needs no step over the
+   threshold in this window, and is held back neither as a blip (5) nor as a noisy host's
+   (6). **Groups** (:mod:`detectors.straggler_group`): at least ``group_ranks`` ranks whose
+   episodes are still going and began within ``group_steps`` steps of one another are one
+   cause, not a noisy host; a rank that moved to the hold level at a group's onset and
+   stayed there (its median since then ``join_z`` standard errors above its normal) is
+   one of it, judged at the hold level from then on (evidence ``joined_group``).
 5. Material, not blips: an episode is reported once it cost the job ``min_cost_s`` (0.5 s)
    — the rank's compute beyond its normal, summed over the episode, which is what the other
    ranks waited for it. A short one (under ``blip_steps`` steps from its onset to its last
@@ -69,12 +80,15 @@ wait included, and would look slow next to the ranks whose wait is known.
    slower. On a busy host the OS takes a rank's core for a moment: 14 ms more on a 5 ms
    compute inside 20 ms steps, for 8 steps, is that, not a straggler; a rank 0.15 s slower
    per step costs 0.5 s within 4 steps and is reported as soon as persistence allows.
+   A group's episodes count their cost together (the compute its ranks lost to one cause)
+   and are no blips.
 6. A noisy host: when more than one rank has an episode in the window (on a busy 2-core
    machine the OS takes one rank's core, then another's, for a second or two at a time),
    and always with two ranks, an episode is reported once it lasted ``noisy_min_s`` (10 s)
    of step time or cost ``noisy_min_cost_s`` (3 s: what the other ranks waited for it), so
    contention is not a parade of stragglers while a real one, which lasts or costs, still
-   shows. One straggler among quiet ranks is reported as soon as step 4 allows.
+   shows. One straggler among quiet ranks is reported as soon as step 4 allows; so are a
+   group's ranks, and a rank named already stays reported.
 
 **Two ranks.** A cross-rank median of two is their mean and their spread is the gap itself,
 so with two ranks (README's example) each rank is compared with *the other one*: its compute
@@ -87,15 +101,15 @@ show the same step time and nothing can be told apart; asynchronous ranks still 
 
 Everything is vectorized over ranks and steps: steps 1–3 in :mod:`detectors.straggler_ratio`,
 the episode bookkeeping of the ranks that fired over their (ranks x steps) block at once in
-:mod:`detectors.straggler_episodes`; only the findings themselves are built one by one
-(:mod:`detectors.straggler_finding`).
+:mod:`detectors.straggler_episodes` (groups in :mod:`detectors.straggler_group`); only the
+findings themselves are built one by one (:mod:`detectors.straggler_finding`).
 16,384 ranks x 200 steps take a few tens of ms, and about 0.1 s with 4,096 of them slow
 (``bench/detector_scale.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -103,24 +117,16 @@ import numpy.typing as npt
 
 from detectors.finding import Finding
 from detectors.registry import register
-from detectors.robust import nanmedian_rows
-from detectors.straggler_episodes import (
-    Block,
-    carry_forward,
-    evidence_stats,
-    hold,
-    latest,
-    material,
-    noisy_host,
-)
-from detectors.straggler_finding import finding
+from detectors.straggler_config import DEFAULT_CONFIG, StragglerConfig
+from detectors.straggler_episodes import Block, Episodes, carry_forward, hold, material
+from detectors.straggler_finding import report
+from detectors.straggler_group import joiners
 from detectors.straggler_ratio import (
     baselines,
-    compute_by_step,
-    head,
     majority_level,
     majority_scale,
     pair_scale,
+    per_rank,
     ratio_to_reference,
     validate,
 )
@@ -135,81 +141,6 @@ BoolArray = npt.NDArray[np.bool_]
 __all__ = ["StragglerConfig", "detect_stragglers", "learn_baselines"]
 
 
-@dataclass(frozen=True)
-class StragglerConfig:
-    """Thresholds of :func:`detect_stragglers`. Ratios are rank time / median rank time.
-
-    rel_threshold: a step counts as slow when the rank is at least this much slower than its
-        own normal ratio (0.10 = 10%).
-    z_threshold: ... and at least this many robust standard deviations (of the other ranks'
-        corrected ratios at that step) above it.
-    scale_floor: lower bound on that standard deviation, in ratio units, so identical ranks
-        do not turn noise into huge z-scores.
-    persist_k, persist_m: fire while at least ``persist_k`` of the last ``persist_m`` steps
-        are slow.
-    baseline_steps: the first steps of the window from which each rank's normal ratio is
-        estimated (when the caller gives no ``baseline``).
-    max_baseline_ratio: the largest slowdown that counts as a rank's normal (heterogeneous
-        hardware); above it, the excess is a straggler from the window's start.
-    reference_quantile: the quantile of the ranks' compute times each rank is compared with
-        (0.25: the fast quartile; 0.5 would be the median, which a slow group drags along).
-    min_ranks: steps with fewer reporting ranks are ignored (no meaningful median); a job
-        of exactly two ranks is compared pairwise instead (see the module's "Two ranks").
-    critical_ratio: slowdown (vs the reference, median over the episode's steps over the
-        threshold) from which a finding is ``critical``.
-    min_cost_s: an episode is reported once it cost the job this many seconds: the rank's
-        compute beyond its normal, summed over the episode (what the others waited for it).
-    blip_ratio, blip_steps, blip_share: an episode shorter than ``blip_steps`` steps is
-        noise (not reported) while its cost is under ``blip_share`` of its step time over
-        the episode, and once it is over, when it was under ``blip_ratio`` times slower
-        than normal.
-    noisy_min_s, noisy_min_cost_s: when more than one rank has an episode in the window, or
-        the job has two ranks, an episode is reported once it lasted ``noisy_min_s`` seconds
-        (of step time) or cost ``noisy_min_cost_s`` seconds (its compute beyond its normal,
-        summed: what the other ranks waited for it).
-    hold_share: hysteresis. A firing rank keeps firing until ``persist_k`` of its last
-        ``persist_m`` steps are under ``1 + hold_share · margin`` (the window's median
-        margin ``max(rel_threshold, z_threshold · scale)``): with the defaults, 5% slower
-        than its normal in a quiet job. Ranks under ``1 + hold_share · rel_threshold`` are
-        the "not slow" ones the reference and the scale are taken from (steps 1 and 3).
-    """
-
-    rel_threshold: float = 0.10
-    z_threshold: float = 3.0
-    scale_floor: float = 0.01
-    persist_k: int = 5
-    persist_m: int = 8
-    baseline_steps: int = 20
-    max_baseline_ratio: float = 1.15
-    reference_quantile: float = 0.25
-    min_ranks: int = 3
-    critical_ratio: float = 1.5
-    blip_ratio: float = 1.3
-    blip_steps: int = 10
-    blip_share: float = 0.10
-    min_cost_s: float = 0.5
-    noisy_min_s: float = 10.0
-    noisy_min_cost_s: float = 3.0
-    hold_share: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.rel_threshold <= 0 or self.z_threshold < 0 or self.scale_floor <= 0:
-            raise ValueError("rel_threshold and scale_floor must be > 0, z_threshold >= 0")
-        if not 1 <= self.persist_k <= self.persist_m <= 255:
-            raise ValueError("need 1 <= persist_k <= persist_m <= 255")
-        if self.baseline_steps < 1 or self.min_ranks < 2:
-            raise ValueError("need baseline_steps >= 1 and min_ranks >= 2")
-        if self.max_baseline_ratio < 1 or self.critical_ratio <= 1:
-            raise ValueError("need max_baseline_ratio >= 1 and critical_ratio > 1")
-        if not 0.0 < self.reference_quantile <= 0.5:
-            raise ValueError("need 0 < reference_quantile <= 0.5")
-        if not 0.0 < self.hold_share <= 1.0:
-            raise ValueError("need 0 < hold_share <= 1")
-
-
-DEFAULT_CONFIG = StragglerConfig()
-
-
 def detect_stragglers(
     steps: npt.ArrayLike,
     step_time: npt.ArrayLike,
@@ -217,6 +148,7 @@ def detect_stragglers(
     ranks: npt.ArrayLike | None = None,
     *,
     baseline: npt.ArrayLike | None = None,
+    named_since: npt.ArrayLike | None = None,
     config: StragglerConfig = DEFAULT_CONFIG,
 ) -> list[Finding]:
     """Find ranks that turned slow relative to the others within one window of steps.
@@ -228,12 +160,16 @@ def detect_stragglers(
     baseline: (R,) each rank's normal ratio to the reference, if the caller keeps one across
         windows (:func:`learn_baselines`; NaN entries are estimated from this window);
         default: estimated.
+    named_since: (R,) for each rank named a straggler by an earlier window and not resolved
+        since (the caller's open incidents), the step it is named from; NaN for the others.
+        Such a rank's episode goes on while it stays at the hold level (step 4), and is not
+        held back as a noisy host's (step 6). Default: none.
 
     Returns one ``Finding`` (kind ``straggler``, key ``straggler:<rank>``) per rank with an
     episode in the window, the most recent episode, highest score first.
     """
-    prep = _prepare(steps, step_time, comm_time, ranks, baseline, config)
-    return [] if prep is None else _report(prep, config)
+    prep = _prepare(steps, step_time, comm_time, ranks, baseline, config, named_since)
+    return [] if prep is None else report(prep, config)
 
 
 @dataclass(frozen=True)
@@ -250,6 +186,7 @@ class _Prepared:
     scale: FloatArray
     margin: FloatArray
     block: Block
+    episodes: Episodes | None = None  # the block's (``material``), where already known
 
 
 def _prepare(
@@ -259,12 +196,14 @@ def _prepare(
     ranks: npt.ArrayLike | None,
     baseline: npt.ArrayLike | None,
     cfg: StragglerConfig,
+    named_since: npt.ArrayLike | None = None,
 ) -> _Prepared | None:
     """Steps 1–4 of the module's method, vectorized over ranks and steps; None when no
     rank fired."""
     step_ids, times, comm, rank_ids, base_in = validate(
         steps, step_time, comm_time, ranks, baseline
     )
+    since = per_rank(named_since, "named_since", times.shape[0])
     n_ranks, n_steps = times.shape
     pairwise = n_ranks == 2
     if (n_ranks < cfg.min_ranks and not pairwise) or n_steps == 0:
@@ -288,67 +227,77 @@ def _prepare(
     over = adj >= (1.0 + margin).astype(np.float32)[:, None]  # NaN compares False
 
     # 4. Persistence: k of the last m steps; a missing step carries the previous state.
-    held = carry_forward(over, valid, axis=0)
-    count = np.zeros((n_steps, n_ranks), dtype=np.uint8)
-    for lag in range(min(cfg.persist_m, n_steps)):
-        count[lag:] += held[: n_steps - lag]
-    firing = count >= cfg.persist_k
-    cols = np.flatnonzero(firing.any(axis=0))
+    held, firing = _persistent(over, valid, cfg)
+    carried = since <= step_ids[0]  # named since before this window (NaN compares False)
+    cols = np.flatnonzero(firing.any(axis=0) | np.isfinite(since))
     if not cols.size:
         return None
+    at_hold = np.float32(1.0 + cfg.hold_share * float(np.median(margin)))  # the hold level
 
-    # From here on only the ranks that fired, one row per rank: (F x S).
-    def rows(by_step: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        return np.ascontiguousarray(by_step[:, cols].T)
+    def block_of(cols: IntArray, joined: BoolArray) -> Block:
+        """Only the ranks that fired from here on, one row per rank: (F x S)."""
 
-    seen = rows(valid)
-    corrected = rows(adj).astype(np.float64)
-    over_rows = rows(over)  # over the threshold is at the hold level, whatever the step's margin
-    kept = over_rows | (corrected >= np.float32(1.0 + cfg.hold_share * float(np.median(margin))))
-    kept_held = carry_forward(kept, seen, axis=1)
-    ref_rows = (
-        reference[:, cols].T if pairwise else np.broadcast_to(reference, (cols.size, n_steps))
+        def rows(by_step: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return np.ascontiguousarray(by_step[:, cols].T)
+
+        seen, corrected, over_rows = rows(valid), rows(adj).astype(np.float64), rows(over)
+        kept = over_rows | (corrected >= at_hold)  # over the threshold is at the hold level
+        kept_held = carry_forward(kept, seen, axis=1)
+        ref_rows = (
+            reference[:, cols].T if pairwise else np.broadcast_to(reference, (cols.size, n_steps))
+        )
+        named = np.isfinite(since[cols])
+        named_col = np.where(named, np.searchsorted(step_ids, since[cols]), n_steps)
+        fire, seed = hold(rows(firing), kept_held, named_col, cfg)
+        return Block(
+            cols=cols,
+            firing=fire,
+            over=over_rows,
+            held=rows(held),
+            kept=kept,
+            kept_held=kept_held,
+            valid=seen,
+            adj=corrected,
+            base=base[cols],
+            carried=carried[cols],
+            named_col=named_col,
+            seed=seed,
+            since=since[cols],
+            joined=joined,
+            own=compute_time(times[cols], None if comm is None else comm[cols]),
+            step=times[cols],
+            reference=np.ascontiguousarray(ref_rows),
+        )
+
+    block = block_of(cols, np.zeros(cols.size, dtype=bool))
+    if pairwise:
+        return _Prepared(step_ids, rank_ids, times, comm, True, reference, scale, margin, block)
+    episodes = material(block, cfg)
+    join, since_col = joiners(episodes, block, adj, at_hold, float(np.nanmedian(scale)), cfg)
+    if join.size:  # ranks that turned slow with a group: judged at the hold level since
+        after = np.arange(n_steps)[:, None] >= since_col[None, :]
+        over[:, join] |= after & (adj[:, join] >= at_hold)
+        held[:, join], firing[:, join] = _persistent(over[:, join], valid[:, join], cfg)
+        cols = np.union1d(cols, join)
+        block = block_of(cols, np.isin(cols, join))
+        episodes = material(block, cfg)
+    return _Prepared(
+        step_ids, rank_ids, times, comm, False, reference, scale, margin, block, episodes
     )
-    block = Block(
-        cols=cols,
-        firing=hold(rows(firing), kept_held, cfg),
-        over=over_rows,
-        held=rows(held),
-        kept=kept,
-        kept_held=kept_held,
-        valid=seen,
-        adj=corrected,
-        base=base[cols],
-        own=compute_time(times[cols], None if comm is None else comm[cols]),
-        step=times[cols],
-        reference=np.ascontiguousarray(ref_rows),
-    )
-    return _Prepared(step_ids, rank_ids, times, comm, pairwise, reference, scale, margin, block)
 
 
-def _report(prep: _Prepared, cfg: StragglerConfig) -> list[Finding]:
-    """Steps 5–6 and the findings: each fired rank's most recent material episode."""
-    block = prep.block
-    found = material(block, cfg)
-    ep, earlier = latest(found)
-    if ep.rows.size > 1 or (prep.pairwise and ep.rows.size):
-        # 6. More than one rank had an episode in this window (a noisy host, or several slow
-        # ranks), or there are only two ranks, whose ratio carries both ranks' noise: only
-        # episodes that lasted ``noisy_min_s`` seconds of step time (or cost enough) count.
-        step_s = nanmedian_rows(np.ascontiguousarray(block.step[ep.rows].T))
-        ep, earlier = latest(noisy_host(found, ep.rows, step_s, cfg))
-    if not ep.rows.size:
-        return []
-    if prep.pairwise:
-        median = block.reference[ep.rows]  # the other rank's compute time
-    else:  # the evidence's median rank, computed only when a rank is reported
-        by_step = nanmedian_rows(compute_by_step(prep.times, prep.comm), overwrite=True)
-        median = np.broadcast_to(by_step, (ep.rows.size, by_step.size))
-    stats = evidence_stats(block, ep, scale=prep.scale, margin=prep.margin, median=median)
-    values = {k: v.tolist() for k, v in stats.items()}  # Python floats: cheaper one by one
-    findings = [finding(prep, ep, earlier, values, i, cfg) for i in range(ep.rows.size)]
-    findings.sort(key=lambda f: (-f.score, f.ranks))
-    return findings
+def _persistent(
+    over: BoolArray, valid: BoolArray, cfg: StragglerConfig
+) -> tuple[BoolArray, BoolArray]:
+    """(S x R) ``over`` with a missing step carrying the previous state, and where at least
+    ``persist_k`` of the last ``persist_m`` steps are (step 4's persistence rule)."""
+    held = carry_forward(over, valid, axis=0)
+    n_steps = over.shape[0]
+    count = np.zeros(over.shape, dtype=np.uint8)
+    for lag in range(min(cfg.persist_m, n_steps)):
+        count[lag:] += held[: n_steps - lag]
+    firing: BoolArray = count >= cfg.persist_k
+    return held, firing
 
 
 def learn_baselines(
@@ -359,22 +308,31 @@ def learn_baselines(
     config: StragglerConfig = DEFAULT_CONFIG,
 ) -> FloatArray:
     """Each rank's normal ratio to the reference, learned from the window's first
-    ``baseline_steps`` steps (capped at ``max_baseline_ratio``, floored at 1), for a caller
+    ``learn_steps`` steps (capped at ``max_baseline_ratio``, floored at 1), for a caller
     that keeps it across windows and passes it back as ``baseline=``: once the window has
     slid past the onset of a slowdown that lasts, its own first steps would be slow ones and
-    absorb it. NaN for a rank with fewer than half of those steps reported, and for every
-    rank while the window has fewer than ``baseline_steps`` steps (too early to tell).
+    absorb it. The median of ``learn_steps`` steps, not of the ``baseline_steps`` a window
+    estimates from: a normal 2% off by chance would put a rank of a group 1.10x slower at
+    the hold level, not over it. Unless the two differ by ``hold_share · rel_threshold``
+    or more: a rank that turned slow inside those steps keeps its first steps' normal.
+    NaN for a rank with fewer than half of the steps reported, and for every rank while the
+    window has fewer than ``learn_steps`` steps (the window estimates its own until then).
     """
     cfg = config
     _, times, comm, _, _ = validate(steps, step_time, comm_time, None, None)
     n_ranks, n_steps = times.shape
     pairwise = n_ranks == 2
     out = np.full(n_ranks, np.nan)
-    if (n_ranks < cfg.min_ranks and not pairwise) or n_steps < cfg.baseline_steps:
+    n = cfg.learn_steps
+    if (n_ranks < cfg.min_ranks and not pairwise) or n_steps < n:
         return out
-    ratio, _ = ratio_to_reference(times[:, : cfg.baseline_steps], head(comm, cfg), pairwise, cfg)
-    enough = np.isfinite(ratio).sum(axis=0) * 2 >= cfg.baseline_steps
-    base = baselines(ratio, None, cfg)
+    head = None if comm is None else comm[:, :n]
+    ratio, _ = ratio_to_reference(times[:, :n], head, pairwise, cfg)
+    enough = np.isfinite(ratio).sum(axis=0) * 2 >= n
+    first = baselines(ratio, None, cfg)  # (baselines reads the first baseline_steps)
+    whole = baselines(ratio, None, replace(cfg, baseline_steps=n))
+    moved = np.abs(whole - first) >= cfg.hold_share * cfg.rel_threshold
+    base = np.where(moved, first, whole)
     out[enough] = base[enough]
     return out
 
@@ -389,4 +347,5 @@ def _detect_window(window: Window) -> list[Finding]:
         comm_time=w.comm_time if w.has_comm else None,
         ranks=w.ranks,
         baseline=w.straggler_baseline,
+        named_since=w.straggler_since,
     )

@@ -40,8 +40,10 @@ __all__ = [
     "carry_forward",
     "evidence_stats",
     "hold",
+    "k_of_m",
     "latest",
     "material",
+    "newest",
     "noisy_host",
     "runs",
 ]
@@ -60,6 +62,11 @@ class Block:
     valid: BoolArray  # observed at all
     adj: FloatArray  # ratio to the reference over the rank's normal ratio
     base: FloatArray  # (F,) the rank's normal ratio
+    carried: BoolArray  # (F,) named already, since before the window: its episode goes on
+    named_col: IntArray  # (F,) the column it is named from (0 if before; S if not named)
+    seed: IntArray  # (F,) where a named rank's episode fired (S if not named): ``hold``
+    since: FloatArray  # (F,) the step it is named from (NaN: not named)
+    joined: BoolArray  # (F,) one of a group, judged at the hold level (``straggler_group``)
     own: FloatArray  # (F, S) its compute time
     step: FloatArray  # its step time
     reference: FloatArray  # the reference compute time it is compared with
@@ -68,8 +75,10 @@ class Block:
 @dataclass(frozen=True)
 class Episodes:
     """Episodes of a block's rows, row by row and in step order: the step indices of the
-    onset, the last slow step, the first and the last firing step; and the cost (seconds
-    the other ranks waited)."""
+    onset, the last slow step, the first and the last firing step; the cost (seconds the
+    other ranks waited); whether it cost under ``min_cost_s`` (alone, or with the rest of
+    its group), whether it is a short blip (noise, unless one of a group), and whether it is
+    one of a group (:func:`detectors.straggler_group.mark_groups`)."""
 
     rows: IntArray
     onset: IntArray
@@ -77,6 +86,9 @@ class Episodes:
     detected: IntArray
     end: IntArray
     cost: FloatArray
+    cheap: BoolArray
+    blip: BoolArray
+    group: BoolArray
 
     def subset(self, keep: BoolArray | IntArray) -> Episodes:
         return Episodes(**{f.name: getattr(self, f.name)[keep] for f in fields(self)})
@@ -94,30 +106,56 @@ def carry_forward(mask: BoolArray, valid: BoolArray, *, axis: int) -> BoolArray:
     return held
 
 
-def k_of_m(mask: BoolArray, k: int, m: int) -> BoolArray:
-    """Per row (axis 1): at least ``k`` of the last ``m`` steps are set."""
+def k_of_m(mask: BoolArray, k: int, m: int, *, set_before: BoolArray | None = None) -> BoolArray:
+    """Per row (axis 1): at least ``k`` of the last ``m`` steps are set; for the rows of
+    ``set_before``, the steps before the first count as set."""
     n = mask.shape[1]
     count = np.zeros(mask.shape, dtype=np.uint8)
     for lag in range(min(m, n)):
         count[:, lag:] += mask[:, : n - lag]
+    if set_before is not None and set_before.any():
+        pad = np.arange(m - 1, 0, -1, dtype=np.uint8)[:n]  # steps before the window in view
+        count[set_before, : pad.size] += pad
     out: BoolArray = count >= k
     return out
 
 
-def hold(firing: BoolArray, kept_held: BoolArray, cfg: StragglerConfig) -> BoolArray:
+def hold_needs(cfg: StragglerConfig) -> int:
+    """Steps of the last ``persist_m`` at the hold level that keep a firing rank firing."""
+    return min(cfg.persist_k, cfg.persist_m - cfg.persist_k + 1)
+
+
+def hold(
+    firing: BoolArray, kept_held: BoolArray, named_col: IntArray, cfg: StragglerConfig
+) -> tuple[BoolArray, IntArray]:
     """Hysteresis, per row: once the persistence rule fired, a row keeps firing until
     ``persist_k`` of its last ``persist_m`` steps are below the hold level (it needs
-    ``persist_m - persist_k + 1`` of them at it, at most ``persist_k``). Steps over the
-    threshold are at the hold level, so this only ever extends a firing run."""
-    need = min(cfg.persist_k, cfg.persist_m - cfg.persist_k + 1)
-    keep = k_of_m(kept_held, need, cfg.persist_m)
-    idx = np.arange(keep.shape[1], dtype=np.int32)[None, :]
+    :func:`hold_needs` of them at it). Steps over the threshold are at the hold level, so
+    this only ever extends a firing run.
+
+    A rank named already (``named_col``: the column of the step it is named from, 0 if
+    before the window; the row length if it is not named) fired there, whether or not it
+    crosses the threshold in this window, and keeps firing from there on the same terms,
+    the steps before counting as at the hold level: it was firing then. Returns the firing
+    mask and the (F,) *seeds*, the steps where a named rank's episode fired (the first of
+    the ``persist_m`` from ``named_col`` at which the rule holds; the row length if none)."""
+    m = cfg.persist_m
+    n = kept_held.shape[1]
+    idx = np.arange(n, dtype=np.int32)[None, :]
+    col = named_col[:, None]
+    named = named_col < n
+    before = named[:, None] & (idx >= col - m + 1) & (idx < col)
+    kept = kept_held | before if before.any() else kept_held
+    keep = k_of_m(kept, hold_needs(cfg), m, set_before=named & (named_col < m - 1))
+    reach = (idx >= col) & (idx < col + m) & keep
+    seed = np.where(reach.any(axis=1), reach.argmax(axis=1), n)
     starts = keep.copy()
     starts[:, 1:] &= ~keep[:, :-1]
     last_start = np.maximum.accumulate(np.where(starts, idx, np.int32(-1)), axis=1)
-    last_fire = np.maximum.accumulate(np.where(firing, idx, np.int32(-1)), axis=1)
+    fired = firing | (idx == seed[:, None])
+    last_fire = np.maximum.accumulate(np.where(fired, idx, np.int32(-1)), axis=1)
     out: BoolArray = keep & (last_fire >= last_start)
-    return out
+    return out, seed
 
 
 def runs(mask: BoolArray) -> tuple[IntArray, IntArray, IntArray]:
@@ -130,8 +168,9 @@ def runs(mask: BoolArray) -> tuple[IntArray, IntArray, IntArray]:
 
 
 def material(block: Block, cfg: StragglerConfig) -> Episodes:
-    """Every episode of the block that is evidence enough and material: steps 4 and 5 of
-    ``detectors.straggler``'s method (the noisy-host rule is :func:`noisy_host`)."""
+    """Every episode of the block that is evidence enough, those that cost too little
+    (``cheap``) and short blips (``blip``) marked: steps 4 and 5 of ``detectors.straggler``'s
+    method (the noisy-host rule is :func:`noisy_host`)."""
     row, start, end = runs(block.firing)
     n = block.firing.shape[1]
     over, held = block.over, block.held
@@ -148,10 +187,14 @@ def material(block: Block, cfg: StragglerConfig) -> Episodes:
         hit[carried] = held[row[carried, None], lead[carried]] & in_lead[carried]
     first = window + hit.argmax(axis=1)
     onset = _previous(~block.kept_held)[row, first].astype(np.int64) + 1
+    # A named rank's episode goes on from the step it is named from.
+    goes_on = (start <= block.seed[row]) & (block.seed[row] <= end)
+    onset[goes_on] = block.named_col[row[goes_on]]
     # Core: up to the last over-threshold step. Last: the last step at the hold level from
     # there on, before ``persist_m - persist_k`` steps in a row under it.
-    core_last = _last_in(over, held, row, onset, end)
-    run_end = np.minimum(_next(_gap_starts(block.kept_held, cfg))[row, core_last] - 1, end)
+    core_last = np.maximum(_last_in(over, held, row, onset, end), onset)
+    after = np.minimum(core_last + 1, n - 1)
+    run_end = np.clip(_next(_gap_starts(block.kept_held, cfg))[row, after] - 1, core_last, end)
     last = np.maximum(_previous(block.kept)[row, run_end], core_last)
 
     def span_sum(values: npt.NDArray[np.generic]) -> FloatArray:
@@ -162,10 +205,17 @@ def material(block: Block, cfg: StragglerConfig) -> Episodes:
 
     excess = np.clip(block.own - block.reference * block.base[:, None], 0.0, None)
     cost = span_sum(np.nan_to_num(excess))
-    keep = (span_sum(over) >= cfg.persist_k) & (cost >= cfg.min_cost_s)
+    # Evidence: ``persist_k`` steps over the threshold, or, for the episode a rank is named
+    # for already, the evidence it was named on.
+    keep = (span_sum(over) >= cfg.persist_k) | goes_on
+    cheap = cost < cfg.min_cost_s  # immaterial (so far), unless one of a group's
 
-    short = keep & (core_last - onset + 1 < cfg.blip_steps)
-    if short.any():  # a short blip, mild and over or cheap: noise (so far)
+    # A short blip, mild and over or cheap, is noise (so far); not once the rank is named
+    # for it: a cost share right at ``blip_share`` would name it and drop it in turn.
+    named = last >= block.named_col[row]
+    short = keep & (core_last - onset + 1 < cfg.blip_steps) & ~named
+    blip = np.zeros(row.size, dtype=bool)
+    if short.any():
         cols = onset[short, None] + np.arange(cfg.blip_steps)[None, :]
         inside = cols <= core_last[short, None]
         cols = np.minimum(cols, n - 1)
@@ -174,25 +224,32 @@ def material(block: Block, cfg: StragglerConfig) -> Episodes:
         peak = nanmedian_rows(values, overwrite=True)
         own_span = span_sum(np.nan_to_num(block.step))[short]
         ended = end[short] < n - 1
-        keep[short] = ~(
-            ((peak < cfg.blip_ratio) & ended) | (cost[short] < cfg.blip_share * own_span)
-        )
-    return Episodes(row, onset, last, start, end, cost).subset(keep)
+        blip[short] = ((peak < cfg.blip_ratio) & ended) | (cost[short] < cfg.blip_share * own_span)
+    group = np.zeros(row.size, dtype=bool)
+    return Episodes(row, onset, last, start, end, cost, cheap, blip, group).subset(keep)
 
 
-def noisy_host(ep: Episodes, rows: IntArray, step_s: FloatArray, cfg: StragglerConfig) -> Episodes:
-    """The episodes of ``rows`` that lasted ``noisy_min_s`` seconds of ``step_s`` (the
-    (S,) step time) or cost ``noisy_min_cost_s``: step 6 of the method."""
+def noisy_host(ep: Episodes, block: Block, step_s: FloatArray, cfg: StragglerConfig) -> Episodes:
+    """Step 6 of the method: the episodes ``ep`` that lasted ``noisy_min_s`` seconds of
+    ``step_s`` (the (S,) step time) or cost ``noisy_min_cost_s``; or that need not: one of a
+    group, or one of a rank named already that reaches the step it is named from."""
     cum = np.concatenate(([0.0], np.cumsum(np.nan_to_num(step_s))))
     lasted = cum[ep.last + 1] - cum[ep.onset]
     sustained = (lasted >= cfg.noisy_min_s) | (ep.cost >= cfg.noisy_min_cost_s)
-    return ep.subset(np.isin(ep.rows, rows) & sustained)
+    named = ep.last >= block.named_col[ep.rows]
+    return ep.subset(sustained | named | ep.group)
+
+
+def newest(ep: Episodes) -> BoolArray:
+    """Which episodes are their row's most recent."""
+    is_last = np.ones(ep.rows.size, dtype=bool)
+    is_last[:-1] = ep.rows[1:] != ep.rows[:-1]
+    return is_last
 
 
 def latest(ep: Episodes) -> tuple[Episodes, dict[int, list[tuple[int, int]]]]:
     """Each row's most recent episode; and per row, the (onset, last) of its earlier ones."""
-    is_last = np.ones(ep.rows.size, dtype=bool)
-    is_last[:-1] = ep.rows[1:] != ep.rows[:-1]
+    is_last = newest(ep)
     earlier: dict[int, list[tuple[int, int]]] = {}
     for i in np.flatnonzero(~is_last).tolist():
         earlier.setdefault(int(ep.rows[i]), []).append((int(ep.onset[i]), int(ep.last[i])))

@@ -27,6 +27,7 @@ __all__ = [
     "majority_level",
     "majority_scale",
     "pair_scale",
+    "per_rank",
     "ratio_to_reference",
     "validate",
 ]
@@ -92,6 +93,16 @@ def validate(
         if base.shape != (n_ranks,):
             raise ValueError(f"baseline must have one value per rank ({n_ranks})")
     return step_ids, times, comm, rank_ids, base
+
+
+def per_rank(values: npt.ArrayLike | None, name: str, n_ranks: int) -> FloatArray:
+    """``values`` as an (R,) float array, all NaN when None."""
+    if values is None:
+        return np.full(n_ranks, np.nan)
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != (n_ranks,):
+        raise ValueError(f"{name} must have one value per rank ({n_ranks})")
+    return out
 
 
 def compute_by_step(times: FloatArray, comm: FloatArray | None) -> F32Array:

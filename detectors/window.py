@@ -4,7 +4,9 @@ A run fills the parts it has; a detector declares the parts it needs
 (:mod:`detectors.registry`) and runs only when they are there:
 
 - ``steps``: the last S steps of the job's current attempt as rank × step arrays, NaN where
-  a rank did not report (a *detection run*, after new data arrives);
+  a rank did not report (a *detection run*, after new data arrives), and, when those S
+  steps last only seconds, the job's step time over the steps before them
+  (:class:`StepHistory`: one value per step, for the slowdown detector's longer view);
 - ``collectives``: per-step collective aggregates over those steps (same run);
 - ``liveness``: each rank's latest state, the clock and recent step times (a *sweep*, on a
   timer: hangs and crashes show as the absence of data);
@@ -31,11 +33,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from detectors.arrays import sample_rows
+
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
 PARTS = ("steps", "collectives", "liveness", "serving", "opseq")
+# Ranks a StepHistory averages over: the first and the last of the window's. Every rank of a
+# synchronous job shares the step time; each rank costs the store a row per step read.
+HISTORY_RANKS = 2
 
 
 # Point-to-point ops as the collector names them (``collector.integrations.torch_distributed``).
@@ -73,6 +80,7 @@ class RankState:
     ``last_step`` is the last step the rank finished, at ``last_step_ts``; ``current_step`` the
     step its latest heartbeat says it is in (``None``: ``last_step + 1``).
     ``last_heartbeat_ts`` is the latest time anything arrived from the rank.
+    ``host``: the node it runs on, when known (ranks of a failed node die together).
     """
 
     rank: int
@@ -81,6 +89,7 @@ class RankState:
     last_step_ts: float | None
     last_heartbeat_ts: float
     inflight: Inflight | None = None
+    host: str | None = None
 
     @property
     def step_in_progress(self) -> int | None:
@@ -106,6 +115,61 @@ def _grid(values: npt.ArrayLike | None, shape: tuple[int, int]) -> FloatArray:
 
 
 @dataclass(frozen=True)
+class StepHistory:
+    """The job's step time over the steps before a :class:`StepWindow`, one value per step.
+
+    ``(H,)`` arrays: at each step the mean over at most ``HISTORY_RANKS`` evenly spaced ranks
+    of the window of the step time and of its time in collectives and in the data loader (a
+    component a rank did not measure counts as 0, as in :mod:`detectors.timing`); NaN step
+    time where none of those ranks reported the step. In synchronous training every rank
+    shares the step time, so a few ranks give it at any job size, and H steps cost O(H),
+    not O(ranks × H). The backend computes it in SQL (``backend.detection.history``);
+    :meth:`from_arrays` is the same computation over arrays (replays, tests).
+
+        >>> h = StepHistory.from_arrays(steps=[3, 4], step_time=[[0.5, 0.25], [1.0, np.nan]],
+        ...                             comm_time=[[0.125, np.nan], [0.25, 0.5]])
+        >>> h.step_time.tolist(), h.comm_time.tolist(), h.data_time.tolist()
+        ([0.75, 0.25], [0.1875, 0.0], [0.0, 0.0])
+    """
+
+    steps: IntArray  # (H,) ascending, all before the window's first step
+    step_time: FloatArray  # (H,) seconds
+    comm_time: FloatArray
+    data_time: FloatArray
+
+    @classmethod
+    def from_arrays(
+        cls,
+        *,
+        steps: npt.ArrayLike,
+        step_time: npt.ArrayLike,
+        comm_time: npt.ArrayLike | None = None,
+        data_time: npt.ArrayLike | None = None,
+        max_ranks: int = HISTORY_RANKS,
+    ) -> StepHistory:
+        """From rank × step arrays (rows: the window's ranks, in order), as the store does."""
+        step_ids = np.asarray(steps, dtype=np.int64).reshape(-1)
+        step = np.atleast_2d(np.asarray(step_time, dtype=np.float64))
+        shape = (step.shape[0], step.shape[1])
+        rows = sample_rows(shape[0], max_ranks)
+        sent = np.isfinite(step[rows])
+        n = sent.sum(axis=0)
+
+        def mean(values: npt.ArrayLike | None) -> FloatArray:
+            grid = np.zeros(shape) if values is None else _grid(values, shape)
+            total = np.where(sent, np.nan_to_num(grid[rows], nan=0.0), 0.0).sum(axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.asarray(np.where(n > 0, total / n, np.nan), dtype=np.float64)
+
+        return cls(
+            steps=step_ids,
+            step_time=mean(step),
+            comm_time=np.nan_to_num(mean(comm_time), nan=0.0),
+            data_time=np.nan_to_num(mean(data_time), nan=0.0),
+        )
+
+
+@dataclass(frozen=True)
 class StepWindow:
     """Rank × step arrays of the job's recent steps (rows: ``ranks``, columns: ``steps``)."""
 
@@ -126,6 +190,11 @@ class StepWindow:
     # Each rank's normal compute ratio to the fast ranks, (R,), NaN where not yet known: kept
     # by the backend across windows (``backend.detection.baselines``); None: estimate anew.
     straggler_baseline: FloatArray | None = None
+    # Per rank, the step its open straggler incident names it from, (R,), NaN where it has
+    # none: the backend's (``backend.detection.baselines.attach_named``); None: none.
+    straggler_since: FloatArray | None = None
+    # The job's step time before ``steps`` (None: not loaded; the window is all there is).
+    history: StepHistory | None = None
 
     @property
     def has_comm(self) -> bool:
@@ -198,6 +267,10 @@ class LivenessWindow:
     # Training ranks run until they say goodbye: all falling silent at once is a crash.
     # Serving replicas may be scaled away: all falling silent at once is a stop.
     expect_running: bool = True
+    # Ranks of the world that have not reported yet, and when the run was first seen:
+    # while a run is starting its picture is not whole (see ``detectors.hang``).
+    unreported: tuple[int, ...] = ()
+    started_ts: float | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ checks it against the table and writes the audit row; creating an action is audi
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "expire_for",
     "get_action",
     "job_attempt",
+    "jobs_with_open_actions",
     "list_actions",
     "lock_action",
     "record_report",
@@ -208,6 +210,16 @@ def expire_for(
 
 def _targets(action: Action, rank: int) -> bool:
     return action.target_ranks is None or rank in action.target_ranks
+
+
+def jobs_with_open_actions(*, session: Session, job_ids: Iterable[int]) -> set[int]:
+    """Which of the jobs have an open action: only their batches need
+    :func:`dispatch_for_rank` (one query for a request of many batches)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return set()
+    query = select(Action.job_id).where(Action.job_id.in_(ids), Action.state.in_(OPEN_STATES))
+    return set(session.scalars(query.distinct()))
 
 
 def dispatch_for_rank(

@@ -5,7 +5,8 @@ the rank's *normal* ratio, so hardware that is always a little slower never fire
 afresh from every 200-step window, that normal would absorb a slowdown that lasts: once the
 window has slid past its onset, the slow steps *are* the window's first steps. So the
 backend learns each rank's normal once (``detectors.straggler.learn_baselines``, from the
-first window with enough steps) and passes it back to every later window.
+first ``learn_steps`` (100) steps of the first window that has them; until then each window
+estimates its own) and passes it back to every later window.
 
 Where it is kept: in distributed mode in Redis (a hash per job attempt, 7 days' expiry),
 so every Celery worker uses the same values; embedded, in this process (bounded). If it is
@@ -14,6 +15,15 @@ which is what every window did before.
 
     window = attach(job=job, window=window, redis=None)
     window.straggler_baseline   # (R,) ratios, NaN where a rank is not known yet
+
+The detector also judges each window afresh, so a rank slower by just about the threshold
+(a group 1.10x slower against a 10% threshold) would have to cross it again in every
+window. What it was named for is kept too, where it already is: the job's open straggler
+incidents. :func:`attach_named` hands the detector, per rank, the first step of its open
+incident; such a rank stays named while it stays at the hold level, half the threshold.
+
+    window = attach_named(session=session, job=job, window=window)
+    window.straggler_since      # (R,) step ids, NaN where a rank has no open incident
 """
 
 from __future__ import annotations
@@ -23,8 +33,13 @@ from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from backend.incidents.models import Incident
+from backend.incidents.service import fingerprint
 from backend.jobs.models import Job
+from backend.jobs.runs import current_run_number
 from detectors.straggler import learn_baselines
 from detectors.window import StepWindow
 
@@ -51,6 +66,24 @@ def attach(*, job: Job, window: StepWindow, redis: Any = None) -> StepWindow:
             _store(key, values, redis)
             base[new] = learned[new]
     return dataclasses.replace(window, straggler_baseline=base)
+
+
+def attach_named(*, session: Session, job: Job, window: StepWindow) -> StepWindow:
+    """``window`` with ``straggler_since``: for each rank with an open straggler incident of
+    the job's current run, that incident's first step; NaN for the others."""
+    run = current_run_number(session=session, job_id=job.id)
+    prefix = fingerprint(job.id, "straggler:", run)
+    rows = session.execute(
+        select(Incident.ranks, Incident.first_step).where(
+            Incident.job_id == job.id,
+            Incident.kind == "straggler",
+            Incident.status == "open",
+            Incident.fingerprint.startswith(prefix, autoescape=True),
+        )
+    ).all()
+    since = {int(r): first for ranks, first in rows if first is not None for r in ranks or ()}
+    named = np.array([since.get(int(r), np.nan) for r in window.ranks], dtype=np.float64)
+    return dataclasses.replace(window, straggler_since=named)
 
 
 def _key(job: Job) -> str:

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.db import utcnow
-from backend.detection import baselines
+from backend.detection import baselines, history
 from backend.detection.opseq import load_opseq
 from backend.detection.window import (
     live_ranks,
@@ -53,18 +53,24 @@ log = logging.getLogger(__name__)
 def detect_job(
     *, session: Session, job_id: int, width: int = 200, now: float | None = None
 ) -> Changes:
-    """The window detectors, over the job's last ``width`` steps (and, for a serving
-    job, its recent minutes up to ``now``)."""
+    """The window detectors, over the job's last ``width`` steps (the slowdown detector
+    also over the steps before them, when those ``width`` last under ``view_s``:
+    ``backend.detection.history``), and, for a serving job, its recent minutes up to
+    ``now``."""
     now = time.time() if now is None else now
     serving = load_serving(session=session, job_id=job_id, now=now)
     steps = load_steps(session=session, job_id=job_id, width=width)
     job = session.get(Job, job_id) if steps is not None else None
     if steps is not None and job is not None:
         # Judge only steps enough live ranks have reported (batches arrive out of step),
-        # with each rank's normal speed as kept across runs.
+        # with each rank's normal speed as kept across runs, and, where the window is
+        # short in seconds, the job's step time before it (the slowdown's longer view).
         steps = settled(steps, live_ranks=live_ranks(session=session, job=job))
         if steps.steps.size:
             steps = baselines.attach(job=job, window=steps, redis=_shared_redis())
+            # A rank its open straggler incident names stays named at the hold level.
+            steps = baselines.attach_named(session=session, job=job, window=steps)
+            steps = history.attach(session=session, job=job, window=steps)
         else:
             steps = None  # nothing settled yet
     collectives = load_collectives(session=session, job_id=job_id, window=steps) if steps else None

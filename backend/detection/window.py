@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from backend.actions.models import Action
 from backend.actions.service import RESTARTING_KINDS
 from backend.jobs.models import Job, Rank
-from backend.jobs.runs import run_ranks
+from backend.jobs.rank_state import RankLive
+from backend.jobs.runs import current_run, run_ranks
 from backend.slos.models import Slo
 from backend.slos.service import minute_counts, period_counts
 from backend.telemetry.liveness import States, overlay
@@ -227,18 +228,35 @@ def load_liveness(
             if r.last_heartbeat_ts is not None
             else (r.last_step_ts or 0.0),
             inflight=_inflight(r.inflight),
+            host=r.host,
         )
         for r in ranks
         if not r.exited and (not serving or r.last_heartbeat_ts is not None)
     ]
     durations = recent_step_durations(session=session, job_id=job_id) if states else []
+    unreported, started_ts = _unreported(session=session, job_id=job_id, ranks=ranks)
     return LivenessWindow(
         states=states,
         now=now,
         step_durations=np.asarray(durations, dtype=float),
         groups=(group_members(session=session, job_id=job_id) or None) if states else None,
         expect_running=not serving and not finishing,
+        unreported=() if serving else unreported,
+        started_ts=started_ts,
     )
+
+
+def _unreported(
+    *, session: Session, job_id: int, ranks: list[RankLive]
+) -> tuple[tuple[int, ...], float | None]:
+    """Ranks of the job's world that have sent nothing in its current run, and when the run
+    was first seen (epoch seconds)."""
+    world = session.scalar(select(Job.world_size).where(Job.id == job_id)) or 0
+    run = current_run(session=session, job_id=job_id)
+    seen = {r.rank for r in ranks}
+    missing = tuple(r for r in range(world) if r not in seen)
+    started = run.started_at.timestamp() if run is not None else None
+    return missing, started
 
 
 RESTART_GRACE_S = 300.0  # how long after a restart reached the ranks their silence is expected

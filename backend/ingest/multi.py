@@ -20,26 +20,47 @@ hands each rank its own answer, the actions the server holds for that rank inclu
 line's content hash is the SHA-256 of its bytes, as a lone batch's is of its body: a rank's
 retry is the same batch whether it comes alone or inside a relay's request.
 
-The request takes one admission slot (``IngestGate``) and one thread; its lines are stored
-one after another. When the database stops answering (an ``OperationalError`` other than
-SQLite's "locked", which is a 429), that line and the ones not tried yet get a 503 with
-``retry_after``: retried, they are stored once.
+The request takes one admission slot (``IngestGate``) and one thread; when the gate is full,
+a request of heartbeat-only lines (a relay sends a flush's heartbeats so, apart from its
+telemetry) takes a slot of the heartbeat lane instead (``backend.ingest.admission``), so an
+overload does not silence a whole node's live ranks at once. Its valid lines are
+stored in bulk, in one transaction (``backend.ingest.bulk``: a statement per table, not per
+line; one Redis round trip for the ranks' liveness), each answered as it would be alone,
+and only once the transaction committed. Should that transaction fail for any other reason
+than a refusal of a line (a database error one line sets off, a bug), it is rolled back and
+each line is stored in its own transaction, as alone, so one bad line cannot fail the
+others. A busy database (the connection pool exhausted, SQLite's "locked") gets every line
+a 429. When the database stops answering (an ``OperationalError``), the line and the ones
+not tried yet get a 503 with ``retry_after``: retried, they are stored once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import exc as sa_exc
-from starlette.concurrency import run_in_threadpool
 
 from backend.auth.deps import require_scope
+from backend.db import session_scope
 from backend.errors import INTERNAL_DETAIL, DomainError, code_for, error_body, errors
-from backend.ingest.views import IngestGate, _read_body, _store, _throttled
-from backend.metrics import INGEST_REQUESTS
+from backend.ingest.admission import MULTI_MAX_BYTES, heartbeat_lines
+from backend.ingest.bulk import ingest_batches
+from backend.ingest.schemas import IngestBatch
+from backend.ingest.views import (
+    _parse,
+    _store,
+    _throttled,
+    admitted,
+    is_busy,
+    mark_for_detection,
+    stored_reply,
+)
+from backend.metrics import INGEST_BATCHES, INGEST_REQUESTS
 from backend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +69,7 @@ router = APIRouter(tags=["ingest"])
 
 NDJSON = "application/x-ndjson"
 # Lines per request. A relay sends one per rank of its node and flush (hundreds at most);
-# the bound keeps one request from holding a thread for thousands of transactions.
+# the bound keeps one request from holding a thread and a transaction for long.
 MAX_BATCHES = 1000
 
 
@@ -94,17 +115,18 @@ BODY_DOC = {
 async def ingest_multi(request: Request, _: Any = Depends(require_scope("ingest"))) -> Any:
     """Store several ingest batches (NDJSON, one per line), each on its own; one result per
     batch, in order. Made for the per-host relay; gzip allowed."""
-    settings: Settings = request.app.state.settings
-    gate: IngestGate = request.app.state.ingest_gate
     INGEST_REQUESTS.labels("multi").inc()
-    if not gate.try_enter():
-        raise _throttled(settings, f"{gate.limit} requests in flight")
-    try:
-        body = await _read_body(request, settings.max_body_bytes, NDJSON)
-        lines = split_lines(body)
-        return {"results": await run_in_threadpool(_store_lines, request, lines)}
-    finally:
-        gate.leave()
+    return await admitted(
+        request,
+        _store_body,
+        content_type=NDJSON,
+        lane_bytes=MULTI_MAX_BYTES,
+        lane_rule=heartbeat_lines,
+    )
+
+
+def _store_body(request: Request, body: bytes) -> dict[str, Any]:
+    return {"results": _store_lines(request, split_lines(body))}
 
 
 def split_lines(body: bytes) -> list[bytes]:
@@ -121,25 +143,89 @@ def split_lines(body: bytes) -> list[bytes]:
 
 def _store_lines(request: Request, lines: list[bytes]) -> list[dict[str, Any]]:
     settings: Settings = request.app.state.settings
-    results: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    results: list[dict[str, Any] | None] = [None] * len(lines)
+    valid: list[tuple[int, IngestBatch, str]] = []
     for index, line in enumerate(lines):
         try:
+            batch = _parse(line, settings)
+        except (DomainError, HTTPException) as exc:
+            INGEST_BATCHES.labels("rejected").inc()
+            results[index] = _refusal(exc)
+        else:
+            valid.append((index, batch, hashlib.sha256(line).hexdigest()))
+    if valid:
+        try:
+            _store_bulk(request, valid, results, started)
+        except (sa_exc.TimeoutError, sa_exc.OperationalError) as exc:
+            pool = isinstance(exc, sa_exc.TimeoutError)
+            if pool or is_busy(exc):  # type: ignore[arg-type]
+                why = "database connection pool exhausted" if pool else "database is busy"
+                for index, _, _ in valid:
+                    results[index] = _http_result(_throttled(settings, why))
+            else:  # the line that failed, or the database: each line finds out alone
+                log.warning("ingest/multi: the database failed; storing each line alone")
+                _store_each(request, [(i, lines[i]) for i, _, _ in valid], results)
+        except Exception:  # one line's rows the database refused, a bug: each line alone
+            log.warning(
+                "ingest/multi: storing %d lines in one transaction failed; storing each alone",
+                len(valid),
+                exc_info=True,
+            )
+            _store_each(request, [(i, lines[i]) for i, _, _ in valid], results)
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
+
+
+def _store_bulk(
+    request: Request,
+    valid: list[tuple[int, IngestBatch, str]],
+    results: list[dict[str, Any] | None],
+    started: float,
+) -> None:
+    with session_scope(request.app.state.sessionmaker, write=True) as session:
+        outcomes = ingest_batches(session=session, batches=[(b, d) for _, b, d in valid])
+    # Committed: now the lines may be answered.
+    seconds = (time.perf_counter() - started) / len(valid)
+    marked: dict[int, None] = {}
+    for (index, batch, _), outcome in zip(valid, outcomes, strict=True):
+        if isinstance(outcome, DomainError):
+            INGEST_BATCHES.labels("rejected").inc()
+            results[index] = _refusal(outcome)
+            continue
+        if outcome.counts:
+            marked[outcome.job_id] = None
+        results[index] = {"status": 200, **stored_reply(batch, outcome, seconds).model_dump()}
+    mark_for_detection(request, list(marked))
+
+
+def _store_each(
+    request: Request, lines: list[tuple[int, bytes]], results: list[dict[str, Any] | None]
+) -> None:
+    """Each line in its own transaction, as ``/api/v1/ingest`` stores a batch."""
+    settings: Settings = request.app.state.settings
+    for n, (index, line) in enumerate(lines):
+        try:
             reply = _store(request, line)
-        except DomainError as exc:
-            results.append(error_body(exc.status, exc.code, exc.detail, exc.extra))
-        except HTTPException as exc:
-            results.append(_http_result(exc))
+        except (DomainError, HTTPException) as exc:
+            results[index] = _refusal(exc)
         except sa_exc.OperationalError:
             log.warning("ingest/multi: the database failed at line %d", index, exc_info=True)
-            left = len(lines) - index
-            results.extend(_unavailable(settings) for _ in range(left))
-            break
+            for left, _ in lines[n:]:
+                results[left] = _unavailable(settings)
+            return
         except Exception:  # a bug one batch sets off must not fail the others
             log.error("ingest/multi: unexpected error at line %d", index, exc_info=True)
-            results.append(error_body(500, "internal", INTERNAL_DETAIL))
+            results[index] = error_body(500, "internal", INTERNAL_DETAIL)
         else:
-            results.append({"status": 200, **reply.model_dump()})
-    return results
+            results[index] = {"status": 200, **reply.model_dump()}
+
+
+def _refusal(exc: DomainError | HTTPException) -> dict[str, Any]:
+    if isinstance(exc, HTTPException):
+        return _http_result(exc)
+    body: dict[str, Any] = error_body(exc.status, exc.code, exc.detail, exc.extra)
+    return body
 
 
 def _http_result(exc: HTTPException) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """Store one validated ingest batch: all of it in the caller's transaction, or none.
 
-The hot path writes with Core bulk INSERTs (executemany), never one ORM object per row.
-Idempotency: the batch row, unique per (job, ``batch_id``), is inserted first with ON
-CONFLICT DO NOTHING; when it already exists, the batch is a retry and nothing else is
-written, unless its content hash differs from the stored one: then it is refused (409).
-Which launch of the job a batch belongs to is ``backend.jobs.launches``'s call.
+The hot path writes with Core bulk INSERTs (executemany, ``COPY`` on PostgreSQL), never one
+ORM object per row. Idempotency: the batch row, unique per (job, ``batch_id``), is inserted
+first with ON CONFLICT DO NOTHING; when it already exists, the batch is a retry and nothing
+else is written, unless its content hash differs from the stored one: then it is refused
+(409). Which launch of the job a batch belongs to is ``backend.jobs.launches``'s call.
+:func:`write_events` and :func:`update_ranks` take many claimed batches at once, so that
+``backend.ingest.bulk`` stores a relay's request with a statement per table.
 
 Steps and collectives also go into their bins of the charts' rollups
 (``backend.telemetry.rollups``), requests into the serving minutes
@@ -22,16 +24,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.actions.service import dispatch_for_rank, record_report
-from backend.db import bulk_insert, insert_for
+from backend.db import bulk_insert, insert_for, utcnow
 from backend.errors import Conflict
 from backend.ingest.models import IngestBatch as IngestBatchRow
 from backend.ingest.schemas import IngestBatch
-from backend.ingest.shapes import add_shape_fingerprints, structure_hash
+from backend.ingest.shapes import add_many_shape_fingerprints, structure_hash
 from backend.ingest.tokens import decode_raw
 from backend.jobs.launches import Launch, follow_launch
 from backend.jobs.rank_state import rank_values
 from backend.slos.service import add_slo_minutes
-from backend.telemetry.liveness import record_rank
+from backend.telemetry.liveness import record_ranks
 from backend.telemetry.models import (
     CollectiveRecord,
     JobEvent,
@@ -40,7 +42,12 @@ from backend.telemetry.models import (
     ServingRequest,
     StepRecord,
 )
-from backend.telemetry.rollups import add_collective_rollups, add_step_rollups
+from backend.telemetry.rollups import (
+    collective_rollup_rows,
+    step_rollup_rows,
+    upsert_collective_rollups,
+    upsert_step_rollups,
+)
 from backend.telemetry.serving import add_serving_minutes
 
 
@@ -61,6 +68,26 @@ class IngestResult:
     actions: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A batch whose ``batch_id`` the transaction claimed: its events are stored."""
+
+    batch: IngestBatch
+    launch: Launch
+    by_type: dict[str, list[dict[str, Any]]]
+
+    @classmethod
+    def of(cls, batch: IngestBatch, launch: Launch) -> Claimed:
+        by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for event in batch.events:
+            by_type[event["type"]].append(event)  # type: ignore[arg-type]
+        return cls(batch, launch, dict(by_type))
+
+    def result(self, actions: list[dict[str, Any]]) -> IngestResult:
+        counts = {kind: len(events) for kind, events in self.by_type.items()}
+        return IngestResult(self.launch.job_id, len(self.batch.events), False, counts, actions)
+
+
 def ingest_batch(
     *, session: Session, batch: IngestBatch, content_hash: str | None = None
 ) -> IngestResult:
@@ -78,91 +105,23 @@ def ingest_batch(
     job_id = launch.job_id
     claimed = session.execute(
         insert_for(session, IngestBatchRow)
-        .values(
-            job_id=job_id,
-            batch_id=batch.batch_id,
-            content_hash=content_hash,
-            rank=batch.rank,
-            events=len(batch.events),
-        )
+        .values(batch_row(batch, job_id, content_hash))
         .on_conflict_do_nothing(index_elements=["job_id", "batch_id"])
         .returning(IngestBatchRow.batch_id)
     ).first()
     if claimed is None:
-        _check_retry(session=session, job_id=job_id, batch=batch, content_hash=content_hash)
-        actions = _dispatch(session=session, batch=batch, launch=launch)
+        stored = session.scalar(
+            select(IngestBatchRow.content_hash).where(
+                IngestBatchRow.job_id == job_id, IngestBatchRow.batch_id == batch.batch_id
+            )
+        )
+        check_retry(batch, stored=stored, content_hash=content_hash)
+        actions = dispatch(session=session, batch=batch, launch=launch)
         return IngestResult(job_id, len(batch.events), True, {}, actions)
 
-    by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for event in batch.events:
-        by_type[event["type"]].append(event)  # type: ignore[arg-type]
-
-    base = {"job_id": job_id, "rank": batch.rank}
-    if steps := by_type.get("step"):
-        bulk_insert(
-            session, StepRecord.__table__, [_step_row(e, base, launch.stored) for e in steps]
-        )
-        add_step_rollups(session=session, job_id=job_id, rank=batch.rank, steps=steps)
-        add_shape_fingerprints(session=session, job_id=job_id, rank=batch.rank, steps=steps)
-    if colls := by_type.get("collective"):
-        bulk_insert(
-            session,
-            CollectiveRecord.__table__,
-            [_collective_row(e, base, launch.stored) for e in colls],
-        )
-        add_collective_rollups(session=session, job_id=job_id, rank=batch.rank, records=colls)
-    if opseqs := by_type.get("opseq"):
-        session.execute(
-            insert_for(session, OpSequence).on_conflict_do_nothing(
-                index_elements=["job_id", "hash"]
-            ),
-            [
-                {
-                    "job_id": job_id,
-                    "hash": e["hash"],
-                    "ops": e["ops"],
-                    "first_rank": batch.rank,
-                    "structure": structure_hash(op[0] for op in e["ops"]),
-                    "profile": e.get("profile"),
-                }
-                for e in opseqs
-            ],
-        )
-    if requests := by_type.get("request"):
-        bulk_insert(session, ServingRequest.__table__, [_request_row(e, base) for e in requests])
-        add_serving_minutes(session=session, job_id=job_id, requests=requests, host=batch.host)
-        add_slo_minutes(session=session, job=batch.job, requests=requests)
-    if metrics := by_type.get("metric"):
-        bulk_insert(
-            session,
-            MetricPoint.__table__,
-            [
-                {
-                    **base,
-                    "name": e["name"],
-                    "value": e["value"],
-                    "step": e.get("step"),
-                    "ts": e.get("ts"),
-                }
-                for e in metrics
-            ],
-        )
-    if named := by_type.get("event"):
-        bulk_insert(
-            session,
-            JobEvent.__table__,
-            [
-                {
-                    **base,
-                    "name": e["name"],
-                    "step": e.get("step"),
-                    "ts": e.get("ts"),
-                    "attrs": e.get("attrs") or {},
-                }
-                for e in named
-            ],
-        )
-    for report in by_type.get("action", ()):
+    new = Claimed.of(batch, launch)
+    write_events(session=session, batches=[new])
+    for report in new.by_type.get("action", ()):
         record_report(
             session=session,
             job_id=job_id,
@@ -172,23 +131,25 @@ def ingest_batch(
             state=report["state"],
             result=report.get("result"),
         )
-    if launch.current:  # a lagging or stray batch does not touch the rank's live state
-        _update_rank(
-            session=session, batch=batch, job_id=job_id, by_type=by_type, attempt=launch.stored
-        )
-    actions = _dispatch(session=session, batch=batch, launch=launch)
-    counts = {kind: len(events) for kind, events in by_type.items()}
-    return IngestResult(job_id, len(batch.events), False, counts, actions)
+    update_ranks(session=session, batches=[new])
+    return new.result(dispatch(session=session, batch=batch, launch=launch))
 
 
-def _check_retry(
-    *, session: Session, job_id: int, batch: IngestBatch, content_hash: str | None
-) -> None:
-    stored = session.scalar(
-        select(IngestBatchRow.content_hash).where(
-            IngestBatchRow.job_id == job_id, IngestBatchRow.batch_id == batch.batch_id
-        )
-    )
+def batch_row(batch: IngestBatch, job_id: int, content_hash: str | None) -> dict[str, Any]:
+    """The batch's ``ingest_batches`` row, which claims its ``batch_id``."""
+    return {
+        "job_id": job_id,
+        "batch_id": batch.batch_id,
+        "content_hash": content_hash,
+        "rank": batch.rank,
+        "events": len(batch.events),
+        "received_at": utcnow(),
+    }
+
+
+def check_retry(batch: IngestBatch, *, stored: str | None, content_hash: str | None) -> None:
+    """A batch whose ``batch_id`` is stored already, with hash ``stored``: a retry (the
+    same content, or a hash not known), or ``BatchIdReused``."""
     if content_hash is not None and stored is not None and stored != content_hash:
         raise BatchIdReused(
             f"batch_id {batch.batch_id!r} was already stored for job {batch.job!r} with "
@@ -197,7 +158,84 @@ def _check_retry(
         )
 
 
-def _dispatch(*, session: Session, batch: IngestBatch, launch: Launch) -> list[dict[str, Any]]:
+def write_events(*, session: Session, batches: list[Claimed]) -> None:
+    """Store the claimed batches' events (all but action reports), in the order the
+    batches came: one bulk INSERT (``COPY`` on PostgreSQL) or upsert per table however
+    many batches there are (``/ingest/multi`` passes a request's), the rollups too."""
+    steps: list[dict[str, Any]] = []
+    step_sums: list[dict[str, Any]] = []
+    colls: list[dict[str, Any]] = []
+    coll_sums: list[dict[str, Any]] = []
+    opseqs: dict[tuple[int, str], dict[str, Any]] = {}
+    requests: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []
+    named: list[dict[str, Any]] = []
+    for c in batches:
+        job_id, rank, attempt = c.launch.job_id, c.batch.rank, c.launch.stored
+        base = {"job_id": job_id, "rank": rank}
+        if events := c.by_type.get("step"):
+            steps += [_step_row(e, base, attempt) for e in events]
+            step_sums += step_rollup_rows(job_id=job_id, rank=rank, steps=events)
+        if events := c.by_type.get("collective"):
+            colls += [_collective_row(e, base, attempt) for e in events]
+            coll_sums += collective_rollup_rows(job_id=job_id, rank=rank, records=events)
+        for e in c.by_type.get("opseq", ()):
+            opseqs.setdefault((job_id, e["hash"]), _opseq_row(e, job_id, rank))  # first wins
+        requests += [_request_row(e, base) for e in c.by_type.get("request", ())]
+        metrics += [_metric_row(e, base) for e in c.by_type.get("metric", ())]
+        named += [_event_row(e, base) for e in c.by_type.get("event", ())]
+    if steps:
+        bulk_insert(session, StepRecord.__table__, steps)
+        upsert_step_rollups(session=session, rows=step_sums)
+        add_many_shape_fingerprints(
+            session=session,
+            batches=[
+                (c.launch.job_id, c.batch.rank, c.by_type["step"])
+                for c in batches
+                if "step" in c.by_type
+            ],
+        )
+    if colls:
+        bulk_insert(session, CollectiveRecord.__table__, colls)
+        upsert_collective_rollups(session=session, rows=coll_sums)
+    if opseqs:
+        session.execute(
+            insert_for(session, OpSequence).on_conflict_do_nothing(
+                index_elements=["job_id", "hash"]
+            ),
+            list(opseqs.values()),
+        )
+    bulk_insert(session, ServingRequest.__table__, requests)
+    for c in batches:
+        if events := c.by_type.get("request"):
+            add_serving_minutes(
+                session=session, job_id=c.launch.job_id, requests=events, host=c.batch.host
+            )
+            add_slo_minutes(session=session, job=c.batch.job, requests=events)
+    bulk_insert(session, MetricPoint.__table__, metrics)
+    bulk_insert(session, JobEvent.__table__, named)
+
+
+def update_ranks(*, session: Session, batches: list[Claimed]) -> None:
+    """The latest state of the batches' ranks, newer parts winning
+    (``backend.jobs.rank_state``): in distributed mode to Redis, SQL's row refreshed at a
+    low rate (``backend.telemetry.liveness``); in embedded mode to the row. A lagging or
+    stray batch (not of the job's current launch) does not touch its rank's live state."""
+    states = [
+        rank_values(
+            job_id=c.launch.job_id,
+            rank=c.batch.rank,
+            host=c.batch.host,
+            attempt=c.launch.stored,
+            by_type=c.by_type,
+        )
+        for c in batches
+        if c.launch.current
+    ]
+    record_ranks(session=session, states=states)
+
+
+def dispatch(*, session: Session, batch: IngestBatch, launch: Launch) -> list[dict[str, Any]]:
     """Actions for the rank, when the batch is of the job's current launch (a stray attempt
     must neither receive nor close them)."""
     if not launch.current:
@@ -207,21 +245,35 @@ def _dispatch(*, session: Session, batch: IngestBatch, launch: Launch) -> list[d
     )
 
 
-def _update_rank(
-    *,
-    session: Session,
-    batch: IngestBatch,
-    job_id: int,
-    by_type: dict[str, list[dict[str, Any]]],
-    attempt: int,
-) -> None:
-    """The rank's latest state, newer parts winning (``backend.jobs.rank_state``): in
-    distributed mode to Redis, SQL's row refreshed at a low rate
-    (``backend.telemetry.liveness``); in embedded mode to the row."""
-    values = rank_values(
-        job_id=job_id, rank=batch.rank, host=batch.host, attempt=attempt, by_type=by_type
-    )
-    record_rank(session=session, values=values)
+def _opseq_row(e: dict[str, Any], job_id: int, rank: int) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "hash": e["hash"],
+        "ops": e["ops"],
+        "first_rank": rank,
+        "structure": structure_hash(op[0] for op in e["ops"]),
+        "profile": e.get("profile"),
+    }
+
+
+def _metric_row(e: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **base,
+        "name": e["name"],
+        "value": e["value"],
+        "step": e.get("step"),
+        "ts": e.get("ts"),
+    }
+
+
+def _event_row(e: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **base,
+        "name": e["name"],
+        "step": e.get("step"),
+        "ts": e.get("ts"),
+        "attrs": e.get("attrs") or {},
+    }
 
 
 def _step_row(e: dict[str, Any], base: dict[str, Any], attempt: int) -> dict[str, Any]:

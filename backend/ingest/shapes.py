@@ -2,7 +2,8 @@
 op sequence behind it once a captured step reports both (``backend.swap.models``); and
 ``structure_hash``, the op-name structure of an op sequence (``opseqs.structure``).
 
-One statement per batch whose steps carry ``shape_fp``, on SQLite and PostgreSQL alike::
+One statement per batch whose steps carry ``shape_fp`` (or per ``/ingest/multi`` request:
+its batches' fingerprints folded into one row each first), on SQLite and PostgreSQL alike::
 
     INSERT INTO shape_fingerprints … WITH new AS (the batch's fingerprints: earliest
         step, opseq of a captured step) SELECT … FROM new
@@ -33,24 +34,27 @@ from sqlalchemy.orm import Session
 
 from backend.db import UTCDateTime, utcnow
 
-# The batch's fingerprints as rows (shape_fp, first_step, opseq), per dialect.
+# The batches' fingerprints as rows (job_id, shape_fp, first_step, first_rank, opseq), per
+# dialect.
+_COLUMNS = ("job_id", "shape_fp", "first_step", "first_rank", "opseq")
 _NEW = {
-    "postgresql": "SELECT * FROM unnest(CAST(:shape_fp AS varchar[]), "
-    "CAST(:first_step AS bigint[]), CAST(:opseq AS varchar[]))",
-    "sqlite": "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-    "json_extract(value, '$[2]') FROM json_each(:rows)",
+    "postgresql": "SELECT * FROM unnest(CAST(:job_id AS int[]), CAST(:shape_fp AS varchar[]), "
+    "CAST(:first_step AS bigint[]), CAST(:first_rank AS int[]), CAST(:opseq AS varchar[]))",
+    "sqlite": "SELECT "
+    + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(_COLUMNS)))
+    + " FROM json_each(:rows)",
 }
 _UPSERT = """
 INSERT INTO shape_fingerprints (job_id, shape_fp, first_step, first_rank, opseq, first_seen_at)
-WITH new (shape_fp, first_step, opseq) AS ({new})
-SELECT :job_id, new.shape_fp, new.first_step, :rank, new.opseq, :now FROM new
+WITH new (job_id, shape_fp, first_step, first_rank, opseq) AS ({new})
+SELECT new.job_id, new.shape_fp, new.first_step, new.first_rank, new.opseq, :now FROM new
 WHERE NOT EXISTS (
     SELECT 1 FROM shape_fingerprints AS stored
-    WHERE stored.job_id = :job_id AND stored.shape_fp = new.shape_fp
+    WHERE stored.job_id = new.job_id AND stored.shape_fp = new.shape_fp
       AND stored.first_step <= new.first_step
       AND (stored.opseq IS NOT NULL OR new.opseq IS NULL)
 )
-ORDER BY new.shape_fp
+ORDER BY new.job_id, new.shape_fp
 ON CONFLICT (job_id, shape_fp) DO UPDATE SET
     first_step = CASE WHEN excluded.first_step < shape_fingerprints.first_step
         THEN excluded.first_step ELSE shape_fingerprints.first_step END,
@@ -71,15 +75,34 @@ def add_shape_fingerprints(
 ) -> int:
     """Record the fingerprints ``steps`` (one rank's step events) carry; see the module
     doc. Returns how many rows it inserted or changed (0 in a steady state)."""
-    first = _first_steps(steps)
-    if not first:
+    return add_many_shape_fingerprints(session=session, batches=[(job_id, rank, steps)])
+
+
+def add_many_shape_fingerprints(
+    *, session: Session, batches: Iterable[tuple[int, int, list[dict[str, Any]]]]
+) -> int:
+    """:func:`add_shape_fingerprints` for many batches, ``(job_id, rank, steps)`` in the
+    order they came, in one statement: each (job, fingerprint) folded first as batch
+    after batch would leave it (the earliest step and the rank of the first batch that
+    had it, the first opseq)."""
+    folded: dict[tuple[int, str], list[Any]] = {}  # -> [first_step, first_rank, opseq]
+    for job_id, rank, steps in batches:
+        for fp, (step, opseq) in _first_steps(steps).items():
+            seen = folded.get((job_id, fp))
+            if seen is None:
+                folded[(job_id, fp)] = [step, rank, opseq]
+                continue
+            if step < seen[0]:
+                seen[0], seen[1] = step, rank
+            if seen[2] is None:
+                seen[2] = opseq
+    if not folded:
         return 0
     dialect = session.get_bind().dialect.name
-    rows = sorted((fp, step, opseq) for fp, (step, opseq) in first.items())
-    params: dict[str, Any] = {"job_id": job_id, "rank": rank, "now": utcnow()}
+    rows = sorted((job_id, fp, *rest) for (job_id, fp), rest in folded.items())
+    params: dict[str, Any] = {"now": utcnow()}
     if dialect == "postgresql":
-        columns = zip(*rows, strict=True)
-        params["shape_fp"], params["first_step"], params["opseq"] = map(list, columns)
+        params |= dict(zip(_COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
     else:
         params["rows"] = json.dumps(rows)
     result = session.execute(

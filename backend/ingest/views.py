@@ -6,6 +6,7 @@ import hashlib
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -18,6 +19,7 @@ from backend.auth.deps import require_scope
 from backend.db import session_scope
 from backend.detection.schedule import DetectionScheduler
 from backend.errors import DomainError, Invalid
+from backend.ingest.admission import LANE_MAX_BYTES, declared_small, heartbeat_only
 from backend.ingest.schemas import (
     NO_NUL,
     IngestBatch,
@@ -25,7 +27,7 @@ from backend.ingest.schemas import (
     check_request_times,
     format_loc,
 )
-from backend.ingest.service import ingest_batch
+from backend.ingest.service import IngestResult, ingest_batch
 from backend.metrics import INGEST_BATCHES, INGEST_EVENTS, INGEST_REQUESTS, INGEST_SECONDS
 from backend.settings import Settings
 from backend.telemetry.prometheus import observe_requests
@@ -84,16 +86,51 @@ def _throttled(settings: Settings, why: str) -> HTTPException:
 )
 async def ingest(request: Request, _: Any = Depends(require_scope("ingest"))) -> Any:
     """Store a batch of events from one rank. Idempotent on ``batch_id``; gzip allowed."""
+    INGEST_REQUESTS.labels("single").inc()
+    return await admitted(request, _store)
+
+
+async def admitted(
+    request: Request,
+    store: Callable[[Request, bytes], Any],
+    *,
+    content_type: str = "application/json",
+    lane_bytes: int = LANE_MAX_BYTES,
+    lane_rule: Callable[[bytes], bool] = heartbeat_only,
+) -> Any:
+    """``store(request, body)`` (in a thread) under an admission slot: the ingest gate's;
+    when it is full, the heartbeat lane's for a body of at most ``lane_bytes`` (before and
+    after gzip) that ``lane_rule`` takes (``backend.ingest.admission``), so overload does not
+    make live ranks look crashed; else 429."""
     settings: Settings = request.app.state.settings
     gate: IngestGate = request.app.state.ingest_gate
-    INGEST_REQUESTS.labels("single").inc()
-    if not gate.try_enter():
-        raise _throttled(settings, f"{gate.limit} batches in flight")
+    if gate.try_enter():
+        try:
+            body = await _read_body(request, settings.max_body_bytes, content_type)
+            return await run_in_threadpool(store, request, body)
+        finally:
+            gate.leave()
+    busy = f"{gate.limit} requests in flight"
+    lane: IngestGate = request.app.state.liveness_gate
+    if not (declared_small(request, lane_bytes) and lane.try_enter()):
+        raise _throttled(settings, busy)
     try:
-        body = await _read_body(request, settings.max_body_bytes)
-        return await run_in_threadpool(_store, request, body)
+        beats = await _lane_body(request, lane_bytes, content_type)
+        if beats is None or not lane_rule(beats):
+            raise _throttled(settings, busy)
+        return await run_in_threadpool(store, request, beats)
     finally:
-        gate.leave()
+        lane.leave()
+
+
+async def _lane_body(request: Request, limit: int, content_type: str) -> bytes | None:
+    """The body, when it is at most ``limit`` bytes before and after gzip."""
+    try:
+        return await _read_body(request, limit, content_type)
+    except HTTPException as exc:
+        if exc.status_code == 413:  # too big for the lane: the batch is not at fault
+            return None
+        raise
 
 
 async def _read_body(request: Request, limit: int, content_type: str = "application/json") -> bytes:
@@ -160,15 +197,32 @@ def _store(request: Request, body: bytes) -> Any:
     except sa_exc.TimeoutError:
         raise _throttled(settings, "database connection pool exhausted") from None
     except sa_exc.OperationalError as exc:
-        if "locked" in str(exc.orig).lower():
+        if is_busy(exc):
             raise _throttled(settings, "database is busy") from None
         raise
+    if result.counts:
+        mark_for_detection(request, [result.job_id])
+    return stored_reply(batch, result, time.perf_counter() - started)
+
+
+def is_busy(exc: sa_exc.OperationalError) -> bool:
+    """SQLite's "database is locked": the database is busy (a 429), not failing."""
+    return "locked" in str(exc.orig).lower()
+
+
+def mark_for_detection(request: Request, job_ids: list[int]) -> None:
+    """After the commit: the jobs have new data, detection runs for them follow."""
     scheduler: DetectionScheduler | None = request.app.state.detection_scheduler
-    if scheduler is not None and result.counts:
-        scheduler.mark(result.job_id)
+    if scheduler is not None:
+        for job_id in job_ids:
+            scheduler.mark(job_id)
+
+
+def stored_reply(batch: IngestBatch, result: IngestResult, seconds: float) -> IngestReply:
+    """After the commit: the batch's metrics, and its reply."""
     if result.counts.get("request"):
         observe_requests(batch.job, [e for e in batch.events if e["type"] == "request"])  # type: ignore[misc]
-    INGEST_SECONDS.observe(time.perf_counter() - started)
+    INGEST_SECONDS.observe(seconds)
     INGEST_BATCHES.labels("duplicate" if result.duplicate else "stored").inc()
     for kind, n in result.counts.items():
         INGEST_EVENTS.labels(kind).inc(n)

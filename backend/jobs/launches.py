@@ -31,7 +31,9 @@ sent while a job is quiet loses its hold ``RELAUNCH_QUIET_S`` after it stops.
 
 The common batch (the current run's current attempt) costs one read of the job row;
 everything else is decided again with the job row locked, so concurrent first batches of a
-new launch start one run, not several.
+new launch start one run, not several. Many batches at once (``/ingest/multi``) read their
+jobs' rows once (:func:`read_jobs`) and take :func:`current_launch` for each batch that is
+of the current launch and changes nothing; the others go through :func:`follow_launch`.
 
     launch = follow_launch(session=s, name="llama", kind="training", world_size=8,
                            attempt=1, run="3f2c…")
@@ -40,6 +42,7 @@ new launch start one run, not several.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -61,7 +64,16 @@ from backend.jobs.runs import (
     start_run,
 )
 
-__all__ = ["MAX_ATTEMPT_STEP", "RELAUNCH_QUIET_S", "JobKindConflict", "Launch", "follow_launch"]
+__all__ = [
+    "MAX_ATTEMPT_STEP",
+    "RELAUNCH_QUIET_S",
+    "JobKindConflict",
+    "JobRow",
+    "Launch",
+    "current_launch",
+    "follow_launch",
+    "read_jobs",
+]
 
 MAX_ATTEMPT_STEP = 5
 
@@ -80,7 +92,9 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class _Row:
+class JobRow:
+    """What deciding a batch's launch reads of its job (and the job's current run)."""
+
     id: int
     kind: str
     world_size: int
@@ -93,15 +107,47 @@ class _Row:
 _COLUMNS = (Job.id, Job.kind, Job.world_size, Job.attempt, Job.run_id, Run.key, Run.first_attempt)
 
 
-def _read(session: Session, name: str, *, lock: bool = False) -> _Row | None:
+def _read(session: Session, name: str, *, lock: bool = False) -> JobRow | None:
     query: Any = select(*_COLUMNS).outerjoin(Run, Run.id == Job.run_id).where(Job.name == name)
     if lock:
         query = query.with_for_update(of=Job)
     row = session.execute(query).first()
-    if row is None:
+    return None if row is None else _row(*row)
+
+
+def _row(*columns: Any) -> JobRow:
+    """A ``JobRow`` from ``_COLUMNS``' values (a job without a run yet: first attempt 0)."""
+    job_id, kind, world_size, attempt, run_id, run_key, first_attempt = columns
+    return JobRow(job_id, kind, world_size, attempt, run_id, run_key, first_attempt or 0)
+
+
+def read_jobs(*, session: Session, names: Iterable[str]) -> dict[str, JobRow]:
+    """The rows of the jobs named (those that exist), in one query."""
+    query = (
+        select(Job.name, *_COLUMNS)
+        .outerjoin(Run, Run.id == Job.run_id)
+        .where(Job.name.in_(sorted(set(names))))
+    )
+    return {name: _row(*columns) for name, *columns in session.execute(query)}
+
+
+def current_launch(
+    row: JobRow, *, kind: str, world_size: int, attempt: int, run: str | None
+) -> Launch | None:
+    """The launch of a batch of the job's current run and attempt, as ``row`` has them,
+    that changes nothing of the job (its world size included): what :func:`follow_launch`
+    would decide from its one read. None when it must decide (and perhaps write)."""
+    launch = _current(row, kind=kind, attempt=attempt, run=run)
+    return launch if launch is not None and world_size == row.world_size else None
+
+
+def _current(row: JobRow, *, kind: str, attempt: int, run: str | None) -> Launch | None:
+    if row.run_id is None or run not in (None, row.run_key):
         return None
-    job_id, kind, world_size, attempt, run_id, run_key, first_attempt = row
-    return _Row(job_id, kind, world_size, attempt, run_id, run_key, first_attempt or 0)
+    stored = row.first_attempt + attempt
+    if kind != row.kind or stored != row.attempt:
+        return None
+    return Launch(row.id, row.attempt, True, stored, row.run_id)
 
 
 def follow_launch(
@@ -127,12 +173,11 @@ def follow_launch(
         )
         row = _read(session, name)
         assert row is not None
-    if row.run_id is not None and run in (None, row.run_key):
-        stored = row.first_attempt + attempt
-        if kind == row.kind and stored == row.attempt:
-            if world_size != row.world_size:  # elastic jobs, evicted ranks
-                session.execute(update(Job).where(Job.id == row.id).values(world_size=world_size))
-            return Launch(row.id, row.attempt, True, stored, row.run_id)
+    launch = _current(row, kind=kind, attempt=attempt, run=run)
+    if launch is not None:
+        if world_size != row.world_size:  # elastic jobs, evicted ranks
+            session.execute(update(Job).where(Job.id == row.id).values(world_size=world_size))
+        return launch
     locked = _read(session, name, lock=True)
     assert locked is not None
     return _Follow(session, locked, kind, world_size, attempt, run, now or utcnow()).decide()
@@ -143,7 +188,7 @@ class _Follow:
     """The rare decisions, with the job row locked."""
 
     session: Session
-    row: _Row
+    row: JobRow
     kind: str
     world_size: int
     attempt: int

@@ -15,6 +15,7 @@ from backend.errors import NotFound
 from backend.incidents.models import Incident
 from backend.jobs.models import Job, Rank, Run
 from backend.jobs.runs import ATTEMPTS_PER_RUN, LIVE_RANK_S, list_runs, run_map
+from backend.telemetry.binning import RunRows
 from backend.telemetry.liveness import overlay
 from backend.telemetry.models import ROLLUP_WIDTHS, StepRecord, StepRollup
 from backend.telemetry.queries import median_recent_step_s
@@ -105,13 +106,26 @@ def get_job(*, session: Session, name: str) -> dict[str, Any] | None:
     out = _summary(row)
     out["runs"] = [run_out(r) for r in list_runs(session=session, job_id=job_id)]
     out["steps_stored"] = steps_stored(session=session, job_id=job_id)
-    out["step_time_median_s"] = median_recent_step_s(session=session, job_id=job_id)
+    out["step_time_median_s"] = step_time_s(
+        session=session, job_id=job_id, run=row[1], last_step=row.last_step
+    )
     out["open_incidents"] = session.scalar(
         select(func.count())
         .select_from(Incident)
         .where(Incident.job_id == job_id, Incident.status == "open")
     )
     return out
+
+
+def step_time_s(
+    *, session: Session, job_id: int, run: Run | None, last_step: int | None = None
+) -> float | None:
+    """The median recent step time of one run of the job: what the jobs list and the job
+    API show (of the job's current run), and the job page (of the run it draws). ``None``
+    for ``run``: a job no run was recorded for, every step row. ``last_step``: the run's
+    last step, where known (``median_recent_step_s`` says why)."""
+    rows = None if run is None else RunRows.of(run, alone=False)
+    return median_recent_step_s(session=session, job_id=job_id, run=rows, to_step=last_step)
 
 
 def steps_stored(*, session: Session, job_id: int) -> int:

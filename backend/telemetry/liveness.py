@@ -4,8 +4,9 @@ Every batch carries its rank's latest state (``backend.jobs.rank_state``); at a 
 second per rank, writing it to the rank's SQL row is one row update per rank per second
 (16,384 a second for a 16k-rank job) before any telemetry. In distributed mode it lands in
 Redis instead: one hash per job (``vigil:live:<job id>``, one field per rank, expiring
-``TTL_S`` after the job's last batch), merged there by one script call per batch (newer
-part wins, as in SQL). The rank's SQL row is written only when
+``TTL_S`` after the job's last batch), merged there by one script call per batch, or per
+``/ingest/multi`` request (newer part wins, as in SQL). The rank's SQL row is written only
+when
 
 - something people or the run's life cycle act on changed since SQL last had it: a new
   rank, its attempt or host, a goodbye (``exited``, ``exit_code``), ``mem_capacity``,
@@ -32,6 +33,7 @@ Embedded mode (no Redis) and ``VIGIL_LIVENESS_STORE=sql`` write every batch's st
 SQL, as before.
 
     record_rank(session=s, values=rank_values(...))   # ingest, in its transaction
+    record_ranks(session=s, states=[...])             # /ingest/multi: one round trip
     flush_quiet(session=s, job_id=7, now=time.time())  # the sweep, before it judges
     ranks = overlay(run_ranks(session=s, job_id=7), job_id=7)
 """
@@ -47,6 +49,7 @@ from redis import Redis
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
+from backend.db import unique_rounds
 from backend.jobs.models import Rank
 from backend.jobs.rank_state import RankLive, from_epoch, merge, row_values, upsert_ranks
 from backend.telemetry.liveness_store import (
@@ -99,18 +102,36 @@ def store() -> LivenessStore | None:
 
 def record_rank(*, session: Session, values: dict[str, Any], now: float | None = None) -> None:
     """Ingest: one batch's rank state (``rank_values``), in the batch's transaction."""
+    record_ranks(session=session, states=[values], now=now)
+
+
+def record_ranks(
+    *, session: Session, states: list[dict[str, Any]], now: float | None = None
+) -> None:
+    """Ingest: batches' rank states (``rank_values``, in the order the batches came), in
+    their transaction: one Redis round trip, and one SQL statement, however many (one
+    more per repeat of a rank, so a rank's batches are applied in turn)."""
+    if not states:
+        return
     now = time.time() if now is None else now
-    values = {**values, "last_seen_at": from_epoch(now)}
+    seen = from_epoch(now)
+    rows = [{**values, "last_seen_at": seen} for values in states]
     live = store()
     if live is not None:
-        stored, row = live.record(values, now=now)
-        if stored:
-            if row is not None:
-                upsert_ranks(session, [_sql_row(row)])
-                synced = Synced(row["job_id"], row["rank"], row["_seen"], row["_sig"])
-                _after_commit(session, lambda: live.confirm([synced]))
+        merged = live.record_many(rows, now=now)
+        if merged is not None:
+            due = [row for row in merged if row is not None]
+            if due:
+                _upsert(session, [_sql_row(row) for row in due])
+                synced = [Synced(r["job_id"], r["rank"], r["_seen"], r["_sig"]) for r in due]
+                _after_commit(session, lambda: live.confirm(synced))
             return
-    upsert_ranks(session, [values])
+    _upsert(session, rows)
+
+
+def _upsert(session: Session, rows: list[dict[str, Any]]) -> None:
+    for part in unique_rounds(rows, key=("job_id", "rank")):
+        upsert_ranks(session, part)
 
 
 def live_states(job_id: int) -> States | None:

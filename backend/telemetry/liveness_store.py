@@ -3,7 +3,8 @@ job's ranks' latest state in one hash, merged by a script per batch, read in one
 
 ``vigil:live:<job id>`` has one field per rank, expiring ``TTL_S`` after the job's last
 batch. :meth:`LivenessStore.record` merges one batch's rank state into it (newer part
-wins, as ``backend.jobs.rank_state`` says) and answers, in the same round trip, whether
+wins, as ``backend.jobs.rank_state`` says; :meth:`LivenessStore.record_many` those of many
+batches, of any jobs, in one script call) and answers, in the same round trip, whether
 SQL must get the merged state now: when something the run's life cycle acts on changed
 since SQL was last confirmed to hold the rank (its signature: host, attempt, goodbye, exit
 code, swap capability, device memory), or SQL's copy is ``SQL_REFRESH_S`` old.
@@ -55,50 +56,58 @@ local function split(s)
   end
 end
 """
-# KEYS[1]: the job's hash. ARGV: rank, now, refresh_s, ahead, ttl_s, meta, meta_sig,
+# KEYS: the jobs' hashes. ARGV: now, refresh_s, ahead, ttl_s, then per batch, in the
+# order they came, ten values: its job's index in KEYS, rank, meta, meta_sig,
 # step_ts, step, beat_ts, beat, beat_sig, cap ('' for a part the batch lacks).
-# Merges the batch's parts (newer wins) and returns what SQL must get now, or nil.
+# Merges each batch's parts (newer wins) and returns, per batch, what SQL must get now
+# (meta, step, beat, cap, sig), or 0.
 _RECORD = (
     _SPLIT
     + """
-local h, r = KEYS[1], ARGV[1]
-local now, ahead = tonumber(ARGV[2]), tonumber(ARGV[4])
-local old = redis.call('hget', h, r)
-local p = old and split(old) or {'', '', '', '', '', '', '', '', '', ''}
+local now, refresh, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local function newer(ts, cur)
   if ts == '' then return false end
   if cur == '' then return true end
   local c = tonumber(cur)
   return tonumber(ts) >= c or c > ahead
 end
-p[1] = ARGV[6]
-if newer(ARGV[8], p[2]) then p[2], p[3] = ARGV[8], ARGV[9] end
-if newer(ARGV[10], p[4]) then
-  p[4], p[5], p[6] = ARGV[10], ARGV[11], ARGV[12]
-  if ARGV[13] ~= '' then p[7] = ARGV[13] end
+local out = {}
+for i = 5, #ARGV, 10 do
+  local h, r = KEYS[tonumber(ARGV[i])], ARGV[i + 1]
+  local old = redis.call('hget', h, r)
+  local p = old and split(old) or {'', '', '', '', '', '', '', '', '', ''}
+  p[1] = ARGV[i + 2]
+  if newer(ARGV[i + 4], p[2]) then p[2], p[3] = ARGV[i + 4], ARGV[i + 5] end
+  if newer(ARGV[i + 6], p[4]) then
+    p[4], p[5], p[6] = ARGV[i + 6], ARGV[i + 7], ARGV[i + 8]
+    if ARGV[i + 9] ~= '' then p[7] = ARGV[i + 9] end
+  end
+  p[8] = ARGV[i + 3] .. '|' .. p[6] .. '|' .. p[7]
+  redis.call('hset', h, r, table.concat(p, SEP))
+  if p[9] == p[8] and p[10] ~= '' and now - tonumber(p[10]) < refresh then
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = {p[1], p[3], p[5], p[7], p[8]}
+  end
 end
-p[8] = ARGV[7] .. '|' .. p[6] .. '|' .. p[7]
-redis.call('hset', h, r, table.concat(p, SEP))
-redis.call('expire', h, ARGV[5])
-if p[9] == p[8] and p[10] ~= '' and now - tonumber(p[10]) < tonumber(ARGV[3]) then
-  return false
-end
-return {p[1], p[3], p[5], p[7], p[8]}
+for _, h in ipairs(KEYS) do redis.call('expire', h, ARGV[4]) end
+return out
 """
 )
-# KEYS[1]: the job's hash. ARGV: (rank, seen, sig) triples that SQL now holds; a
-# confirmation older than one already recorded, or for a state Redis lost, is ignored.
+# KEYS: the jobs' hashes. ARGV: (index in KEYS, rank, seen, sig) of the states SQL now
+# holds; a confirmation older than one already recorded, or for a state Redis lost, is
+# ignored.
 _CONFIRM = (
     _SPLIT
     + """
-local h = KEYS[1]
-for i = 1, #ARGV, 3 do
-  local old = redis.call('hget', h, ARGV[i])
+for i = 1, #ARGV, 4 do
+  local h, r = KEYS[tonumber(ARGV[i])], ARGV[i + 1]
+  local old = redis.call('hget', h, r)
   if old then
     local p = split(old)
-    if p[10] == '' or tonumber(ARGV[i + 1]) >= tonumber(p[10]) then
-      p[9], p[10] = ARGV[i + 2], ARGV[i + 1]
-      redis.call('hset', h, ARGV[i], table.concat(p, SEP))
+    if p[10] == '' or tonumber(ARGV[i + 2]) >= tonumber(p[10]) then
+      p[9], p[10] = ARGV[i + 3], ARGV[i + 2]
+      redis.call('hset', h, r, table.concat(p, SEP))
     end
   end
 end
@@ -125,7 +134,8 @@ States = dict[int, dict[str, Any]]
 
 
 class LivenessStore:
-    """The Redis side: one script call per batch, one hash read per job and sweep."""
+    """The Redis side: one script call per batch (or per ``/ingest/multi`` request), one
+    hash read per job and sweep."""
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
@@ -170,48 +180,58 @@ class LivenessStore:
         """Merge one batch's rank state (``rank_values`` + ``last_seen_at``) into Redis.
         Returns ``(stored, row)``: ``stored`` False when Redis could not take it (write
         ``values`` to SQL), else ``row`` is the merged state SQL must get now, or None."""
+        rows = self.record_many([values], now=now)
+        return (False, None) if rows is None else (True, rows[0])
+
+    def record_many(
+        self, states: list[dict[str, Any]], *, now: float
+    ) -> list[dict[str, Any] | None] | None:
+        """:meth:`record` for many batches' rank states, merged in the order given, in one
+        script call (one round trip). Returns, per state, the merged state SQL must get
+        now or None; or None when Redis could not take them (write them to SQL)."""
         if not self._usable():
-            return False, None
-        beat = {n: values[n] for n in BEAT_FIELDS}
-        cap = values["mem_capacity"]
-        args = [
-            values["rank"],
-            repr(now),
-            SQL_REFRESH_S,
-            repr(time.time() + MAX_CLOCK_SKEW_S),
-            TTL_S,
-            orjson.dumps([values["host"], values["attempt"], now]),
-            orjson.dumps([values["host"], values["attempt"]]),
-            _ts(values["last_step_ts"]),
-            orjson.dumps([values["last_step"], values["last_step_ts"]]),
-            _ts(values["last_heartbeat_ts"]),
-            orjson.dumps(beat),
-            orjson.dumps([beat["exited"], beat["exit_code"], beat["swap_capable"]]),
-            "" if cap is None else str(int(cap)),
-        ]
+            return None
+        if not states:
+            return []
+        keys: dict[str, int] = {}
+        args: list[Any] = [repr(now), SQL_REFRESH_S, repr(time.time() + MAX_CLOCK_SKEW_S), TTL_S]
+        for values in states:
+            beat = {n: values[n] for n in BEAT_FIELDS}
+            cap = values["mem_capacity"]
+            args += [
+                keys.setdefault(job_key(values["job_id"]), len(keys) + 1),
+                values["rank"],
+                orjson.dumps([values["host"], values["attempt"], now]),
+                orjson.dumps([values["host"], values["attempt"]]),
+                _ts(values["last_step_ts"]),
+                orjson.dumps([values["last_step"], values["last_step_ts"]]),
+                _ts(values["last_heartbeat_ts"]),
+                orjson.dumps(beat),
+                orjson.dumps([beat["exited"], beat["exit_code"], beat["swap_capable"]]),
+                "" if cap is None else str(int(cap)),
+            ]
         try:
-            reply = self._record(keys=[job_key(values["job_id"])], args=args)
+            replies = self._record(keys=list(keys), args=args)
         except RedisError as exc:
             self._failed(exc)
-            return False, None
+            return None
         self._worked()
-        if not reply:
-            return True, None
-        meta, step, beat_raw, cap_raw, sig = (_text(x) for x in reply)
-        row = _decode(values["job_id"], values["rank"], meta, step, beat_raw, cap_raw)
-        row["_sig"] = sig
-        return True, row
+        return [
+            _merged(values, reply) if reply else None
+            for values, reply in zip(states, replies, strict=True)
+        ]
 
     def confirm(self, synced: Iterable[Synced]) -> None:
-        """SQL holds these states now (its transaction committed)."""
-        by_job: dict[int, list[Any]] = {}
+        """SQL holds these states now (its transaction committed): one script call."""
+        keys: dict[str, int] = {}
+        args: list[Any] = []
         for s in synced:
-            by_job.setdefault(s.job_id, []).extend([s.rank, repr(s.seen), s.sig])
+            index = keys.setdefault(job_key(s.job_id), len(keys) + 1)
+            args += [index, s.rank, repr(s.seen), s.sig]
+        if not args:
+            return
         try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for job_id, args in by_job.items():
-                    self._confirm(keys=[job_key(job_id)], args=args, client=pipe)
-                pipe.execute()
+            self._confirm(keys=list(keys), args=args)
         except RedisError as exc:  # the next batch or sweep writes SQL again: harmless
             self._failed(exc)
 
@@ -240,6 +260,13 @@ class LivenessStore:
 
 
 Raw = str | bytes
+
+
+def _merged(values: dict[str, Any], reply: list[Any]) -> dict[str, Any]:
+    meta, step, beat_raw, cap_raw, sig = (_text(x) for x in reply)
+    row = _decode(values["job_id"], values["rank"], meta, step, beat_raw, cap_raw)
+    row["_sig"] = sig
+    return row
 
 
 def _ts(value: float | None) -> str:

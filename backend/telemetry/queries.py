@@ -44,16 +44,23 @@ EVIDENCE_RANKS = 8  # named ranks drawn
 
 
 def median_recent_step_s(
-    *, session: Session, job_id: int, rows: int = RECENT_STEP_ROWS, run: RunRows | None = None
+    *,
+    session: Session,
+    job_id: int,
+    rows: int = RECENT_STEP_ROWS,
+    run: RunRows | None = None,
+    to_step: int | None = None,
 ) -> float | None:
     """The median of the job's last ``rows`` step rows (any rank; of one run with ``run``,
-    as ``/metrics`` reports it): what the jobs list and the job API show as its step time.
-    ``None`` before the first step."""
+    as ``/metrics`` reports it): what the jobs list and the job API show as its step time
+    (of the job's current run: ``backend.jobs.service.step_time_s``). ``to_step``: the
+    run's last step, where known, so the read starts there, not at the steps an earlier,
+    longer run reached beyond it. ``None`` before the first step."""
+    where = [StepRecord.job_id == job_id, *only(run, StepRecord.attempt)]
+    if to_step is not None:
+        where.append(StepRecord.step <= to_step)
     recent = session.scalars(
-        select(StepRecord.duration_s)
-        .where(StepRecord.job_id == job_id, *only(run, StepRecord.attempt))
-        .order_by(StepRecord.step.desc())
-        .limit(rows)
+        select(StepRecord.duration_s).where(*where).order_by(StepRecord.step.desc()).limit(rows)
     ).all()
     return statistics.median(recent) if recent else None
 

@@ -18,9 +18,10 @@ Collective rollups (``collective_rollups``): each rank's collective bytes and se
 bin and process group. Sums only, so bandwidth over any set of bins is exact:
 ``sum(sum_bytes) / sum(sum_seconds)``.
 
-Every writer upserts its rows in one order (level, bin, …), so concurrent batches of one
-job never deadlock; on PostgreSQL one statement takes columns of arrays (a round trip per
-batch, not per row).
+Every writer upserts its rows in the order of the unique index (job, level, bin, rank, …),
+so concurrent batches never deadlock; on PostgreSQL one statement takes columns of arrays
+(a round trip per batch, or per ``/ingest/multi`` request, not per row). The rows of many
+batches go in one statement, or one per repeat of a bin (``backend.db.unique_rounds``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from sqlalchemy import Double, Integer, case, cast, delete, func, insert, literal, select, text
 from sqlalchemy.orm import Session
 
-from backend.db import insert_for
+from backend.db import insert_for, unique_rounds
 from backend.telemetry.models import (
     FINITE,
     ROLLUP_WIDTHS,
@@ -57,6 +58,15 @@ def add_step_rollups(
     *, session: Session, job_id: int, rank: int, steps: list[dict[str, Any]]
 ) -> None:
     """Add one rank's step events (ingest events) to their bins of every rollup level."""
+    upsert_step_rollups(
+        session=session, rows=step_rollup_rows(job_id=job_id, rank=rank, steps=steps)
+    )
+
+
+def step_rollup_rows(
+    *, job_id: int, rank: int, steps: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One rank's step events summed per bin of every level: the rows to add."""
     # [n, sum_duration, max_duration, sum_compute, max_compute, n_loss, sum_loss,
     #  n_nonfinite_loss, max_mem] per bin, finest level first, coarser ones from it.
     finest: dict[int, list[Any]] = {}
@@ -119,12 +129,27 @@ def add_step_rollups(
                 "n_nonfinite_loss": acc[7],
                 "max_mem": acc[8],
             }
-            for b, acc in sorted(level_bins.items())  # one lock order: no deadlocks
+            for b, acc in level_bins.items()
         )
+    return rows
+
+
+def upsert_step_rollups(*, session: Session, rows: list[dict[str, Any]]) -> None:
+    """Add ``rows`` (:func:`step_rollup_rows`, of any ranks and jobs) to the stored sums:
+    one statement, or one per repeat when a bin comes more than once (a rank's second
+    batch), so each is added in turn, as batch after batch would."""
+    for part in unique_rounds(rows, key=_STEP_KEY):
+        _upsert_step_rollups(session, part)
+
+
+_STEP_KEY = ("job_id", "level", "bin", "rank")  # the unique index: one lock order for all
+
+
+def _upsert_step_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
     if session.get_bind().dialect.name == "postgresql":
         # One statement with a column of arrays: a round trip per batch, not per row.
         columns = {name: [row[name] for row in rows] for name in _ROLLUP_ARRAYS}
-        session.execute(_UPSERT_STEPS_PG, {"job_id": job_id, "rank": rank, **columns})
+        session.execute(_UPSERT_STEPS_PG, columns)
         return
     stmt = insert_for(session, StepRollup)
     new, cur = stmt.excluded, StepRollup.__table__.c
@@ -151,7 +176,9 @@ def add_step_rollups(
 
 # Column -> PostgreSQL array type of the rollup upsert's parameters.
 _ROLLUP_ARRAYS = {
+    "job_id": "int[]",
     "level": "int[]",
+    "rank": "int[]",
     "bin": "bigint[]",
     "n": "int[]",
     "sum_duration": "float8[]",
@@ -164,8 +191,8 @@ _ROLLUP_ARRAYS = {
     "max_mem": "bigint[]",
 }
 _UPSERT_STEPS_PG = text(
-    f"INSERT INTO step_rollups (job_id, rank, {', '.join(_ROLLUP_ARRAYS)}) "
-    f"SELECT :job_id, :rank, * FROM unnest("
+    f"INSERT INTO step_rollups ({', '.join(_ROLLUP_ARRAYS)}) "
+    f"SELECT * FROM unnest("
     + ", ".join(f"CAST(:{name} AS {kind})" for name, kind in _ROLLUP_ARRAYS.items())
     + ") ON CONFLICT (job_id, level, bin, rank) DO UPDATE SET "
     "n = step_rollups.n + excluded.n, "
@@ -263,9 +290,9 @@ def rebuild_step_rollups(*, session: Session, job_id: int) -> None:
 
 
 _UPSERT_COLLECTIVES_PG = text(
-    'INSERT INTO collective_rollups (job_id, rank, level, bin, "group", n, sum_bytes, '
-    "sum_seconds) SELECT :job_id, :rank, * FROM unnest(CAST(:level AS int[]), "
-    "CAST(:bin AS bigint[]), CAST(:group AS text[]), CAST(:n AS int[]), "
+    'INSERT INTO collective_rollups (job_id, level, bin, rank, "group", n, sum_bytes, '
+    "sum_seconds) SELECT * FROM unnest(CAST(:job_id AS int[]), CAST(:level AS int[]), "
+    "CAST(:bin AS bigint[]), CAST(:rank AS int[]), CAST(:group AS text[]), CAST(:n AS int[]), "
     "CAST(:sum_bytes AS float8[]), CAST(:sum_seconds AS float8[])) "
     'ON CONFLICT (job_id, level, bin, rank, "group") DO UPDATE SET '
     "n = collective_rollups.n + excluded.n, "
@@ -278,6 +305,14 @@ def add_collective_rollups(
     *, session: Session, job_id: int, rank: int, records: list[dict[str, Any]]
 ) -> None:
     """Add one rank's collective records (ingest events) to their bins."""
+    rows = collective_rollup_rows(job_id=job_id, rank=rank, records=records)
+    upsert_collective_rollups(session=session, rows=rows)
+
+
+def collective_rollup_rows(
+    *, job_id: int, rank: int, records: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One rank's collective records summed per bin and group: the rows to add."""
     sums: dict[tuple[int, int, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for e in records:
         step, seconds = e.get("step"), float(e["duration_s"])
@@ -288,19 +323,36 @@ def add_collective_rollups(
             acc[0] += 1
             acc[1] += float(e.get("bytes") or 0)
             acc[2] += seconds
-    if not sums:
-        return
-    keys = sorted(sums)  # one lock order for every writer: no deadlocks
-    rows: dict[str, list[Any]] = {
-        "level": [k[0] for k in keys],
-        "bin": [k[1] for k in keys],
-        "group": [k[2] for k in keys],
-        "n": [int(sums[k][0]) for k in keys],
-        "sum_bytes": [sums[k][1] for k in keys],
-        "sum_seconds": [sums[k][2] for k in keys],
-    }
+    return [
+        {
+            "job_id": job_id,
+            "level": level,
+            "bin": b,
+            "rank": rank,
+            "group": group,
+            "n": int(acc[0]),
+            "sum_bytes": acc[1],
+            "sum_seconds": acc[2],
+        }
+        for (level, b, group), acc in sums.items()
+    ]
+
+
+_COLLECTIVE_KEY = ("job_id", "level", "bin", "rank", "group")  # the unique index
+
+
+def upsert_collective_rollups(*, session: Session, rows: list[dict[str, Any]]) -> None:
+    """Add ``rows`` (:func:`collective_rollup_rows`, of any ranks and jobs) to the stored
+    sums, as :func:`upsert_step_rollups` does."""
+    for part in unique_rounds(rows, key=_COLLECTIVE_KEY):
+        _upsert_collective_rollups(session, part)
+
+
+def _upsert_collective_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(_UPSERT_COLLECTIVES_PG, {"job_id": job_id, "rank": rank, **rows})
+        columns = {name: [row[name] for row in rows] for name in _COLLECTIVE_KEY}
+        columns |= {name: [row[name] for row in rows] for name in ("n", "sum_bytes", "sum_seconds")}
+        session.execute(_UPSERT_COLLECTIVES_PG, columns)
         return
     stmt = insert_for(session, CollectiveRollup)
     new, cur = stmt.excluded, CollectiveRollup.__table__.c
@@ -312,13 +364,7 @@ def add_collective_rollups(
             "sum_seconds": cur.sum_seconds + new.sum_seconds,
         },
     )
-    session.execute(
-        stmt,
-        [
-            {"job_id": job_id, "rank": rank, **{name: rows[name][i] for name in rows}}
-            for i in range(len(keys))
-        ],
-    )
+    session.execute(stmt, rows)
 
 
 def rebuild_collective_rollups(*, session: Session, job_id: int) -> None:

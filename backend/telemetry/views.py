@@ -8,7 +8,8 @@ sign-in cookie (development: open).
     GET /api/v1/incidents/12/evidence-chart          the chart that fits the incident's kind
     GET /api/v1/jobs/llama/stacks                    each rank's latest stack dump
     GET /api/v1/incidents/12/stacks                  the dumps taken since the incident opened
-    GET /api/v1/jobs/llama/series?run=2              one run of the job (heatmap, bandwidth too)
+    GET /api/v1/jobs/llama/series?run=2              one run of the job (heatmap, bandwidth,
+                                                     overview too)
 
 ``?run=N`` draws one run of the job (``backend.jobs.runs``): a job name launched again
 is a new run, and without it a chart bins every run's steps by step number together.
@@ -161,16 +162,18 @@ def bandwidth(
     response_model_exclude_unset=True,
     responses=errors(404),
 )
-def job_overview(job: str, session: SessionDep, _: ReadApi) -> Any:
-    """What the dashboard refreshes: current step, goodput, recent incidents."""
+def job_overview(job: str, session: SessionDep, _: ReadApi, run: RunQuery = None) -> Any:
+    """What the dashboard refreshes: current step, goodput, recent incidents. `run`: the
+    goodput and incidents of that run alone (the job page's panel for the run it draws;
+    the jobs list's, for the current run); without it, the whole job's."""
     found = jobs.get_job(session=session, name=job)
     if found is None:
         raise NotFound(f"job {job!r} not found")
-    job_id = jobs.require_job_id(session=session, name=job)
+    job_id = run_rows(session, job, run)[0]  # 404 for a run the job does not have
     return {
         "job": found,
-        "goodput": job_goodput(session=session, job_id=job_id, now=time.time()),
-        "incidents": queries.incident_marks(session=session, job_id=job_id, limit=50),
+        "goodput": job_goodput(session=session, job_id=job_id, now=time.time(), run=run),
+        "incidents": queries.incident_marks(session=session, job_id=job_id, limit=50, run=run),
     }
 
 

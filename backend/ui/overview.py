@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 from backend.actions.models import Action
 from backend.incidents.models import SEVERITIES, Incident
 from backend.jobs import service as jobs
-from backend.jobs.models import Job
-from backend.telemetry.queries import median_recent_step_s
+from backend.jobs.models import Job, Run
 from backend.telemetry.serving_status import slo_headline, slo_statuses
 
 log = logging.getLogger(__name__)
@@ -31,9 +30,11 @@ HEALTH = {"ok": 1, "info": 2, "warning": 3, "critical": 4}  # a row's "worst", i
 
 
 def jobs_overview(*, session: Session) -> list[dict[str, Any]]:
-    """Every job with its open incidents by severity and median recent step time."""
+    """Every job with its open incidents by severity and its current run's median recent
+    step time."""
     rows = jobs.list_jobs(session=session)
-    ids = dict(session.execute(select(Job.name, Job.id)).all())
+    current = select(Job.name, Job.id, Run).outerjoin(Run, Run.id == Job.run_id)
+    ids = {name: (job_id, run) for name, job_id, run in session.execute(current)}
     counts: dict[int, dict[str, int]] = {}
     query = (
         select(Incident.job_id, Incident.severity, func.count())
@@ -43,13 +44,15 @@ def jobs_overview(*, session: Session) -> list[dict[str, Any]]:
     for job_id, severity, n in session.execute(query):
         counts.setdefault(job_id, {})[severity] = n
     for row in rows:
-        job_id = ids[row["name"]]
+        job_id, run = ids[row["name"]]
         row["open"] = {s: counts.get(job_id, {}).get(s, 0) for s in SEVERITIES}
         row["open_total"] = sum(row["open"].values())
         row["worst"] = next(
             (s for s in reversed(SEVERITIES) if row["open"][s]), "ok" if row["last_step"] else ""
         )
-        row["step_time_median_s"] = median_recent_step_s(session=session, job_id=job_id)
+        row["step_time_median_s"] = jobs.step_time_s(
+            session=session, job_id=job_id, run=run, last_step=row["last_step"]
+        )
     return rows
 
 

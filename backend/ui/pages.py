@@ -30,7 +30,7 @@ from backend.auth.models import SCOPES
 from backend.auth.service import list_tokens
 from backend.deps import SessionDep
 from backend.incidents.models import INCIDENT_KINDS
-from backend.incidents.service import get_incident, list_incidents
+from backend.incidents.service import get_incident
 from backend.jobs import service as jobs
 from backend.jobs.models import Job
 from backend.recovery.models import POLICY_MODES, RecoveryPolicy
@@ -41,7 +41,7 @@ from backend.ui.errors import PageError, PageRoute
 from backend.ui.evidence import evidence_context, untimed_view
 from backend.ui.handling import alerts_context, incident_handling
 from backend.ui.render import render
-from backend.ui.run_view import chart_runs, run_context
+from backend.ui.run_view import chart_runs, run_context, run_panels
 from backend.ui.stream import incident_signature
 
 router = APIRouter(route_class=PageRoute, include_in_schema=False)
@@ -69,6 +69,8 @@ def jobs_page(request: Request, session: SessionDep, _: ReadPage) -> Response:
     overview.serving_health(session=session, rows=rows, now=time.time())
     for row in rows:
         row["urls"] = job_urls(row["name"])
+        if row["run"] is not None:  # goodput of the current run, as its step time
+            row["urls"]["overview"] += f"?run={row['run']['number']}"
     return render(request, "jobs.html", {"jobs": rows}, page={"script": "jobs"})
 
 
@@ -77,6 +79,7 @@ def run_urls(urls: dict[str, str], charts: dict[str, Any]) -> dict[str, str]:
     if charts["run"] is None:
         return urls
     out = {key: f"{urls[key]}&run={charts['run']}" for key in ("series", "heatmap", "bandwidth")}
+    out["overview"] = f"{urls['overview']}?run={charts['run']}"  # the goodput panel's
     if charts["compare"] is not None:
         out["compare_series"] = f"{urls['series']}&run={charts['compare']}"
     return {**urls, **out}
@@ -90,9 +93,11 @@ def job_page(
     _: ReadPage,
     run: str | None = None,
     compare: str | None = None,
+    incidents: str | None = None,
 ) -> Response:
-    """``?run=N`` draws run N's charts (default: the latest run), ``&compare=M`` overlays
-    run M on the step-time and loss charts (``backend.ui.run_view.chart_runs``)."""
+    """``?run=N`` draws run N (default: the latest run): its charts, step time, goodput,
+    live steps and incidents (``&incidents=all``: every run's); ``&compare=M`` overlays
+    run M on the step-time and loss charts (``backend.ui.run_view``)."""
     found = jobs.get_job(session=session, name=job)
     if found is None:
         raise PageError(404, f"No job named {job!r}.")
@@ -100,12 +105,13 @@ def job_page(
     assert job_id is not None
     charts = chart_runs(found, run=run, compare=compare)
     urls = run_urls(job_urls(job), charts)
+    panels = run_panels(session=session, job_id=job_id, job=found, charts=charts, scope=incidents)
     job_actions = actions.list_actions(session=session, job_id=job_id, limit=20)
     context = {
         "job": found,
         "urls": urls,
         "ranks": jobs.list_ranks(session=session, job_id=job_id, now=time.time()),
-        "incidents": list_incidents(session=session, job_id=job_id, limit=50),
+        **panels,
         "actions": job_actions,
         **run_context(session=session, job_id=job_id, actions=job_actions),
         "action_kinds": ACTION_KINDS,
@@ -125,6 +131,7 @@ def job_page(
         "run": charts["run"],
         "compare": charts["compare"],
         "current_run": found["run"]["number"] if found["run"] else None,
+        "all_incidents": panels["incident_runs"] is not None,
     }
     return render(request, "job.html", context, page=page)
 

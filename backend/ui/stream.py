@@ -1,6 +1,6 @@
 """Live updates for the job page, as Server-Sent Events.
 
-    GET /ui/jobs/llama/stream?after_step=1200&incidents=3:17:2024-…   (text/event-stream)
+    GET /ui/jobs/llama/stream?after_step=1200&incidents=3:17:2024-…&run=2   (text/event-stream)
 
     event: steps
     id: 1203|3:17:2024-…
@@ -14,6 +14,12 @@ worker thread, and sends an event only when the job has new steps or its inciden
 a ``: ping`` comment every 15 s keeps proxies from closing the connection. It stops when
 the browser goes away; after ``MAX_STREAM_S`` it ends the stream and the browser's
 EventSource reconnects, resuming from ``Last-Event-ID``.
+
+A stream follows one run of the job (``?run=N``, the run the page draws; default: the job's
+current run): that run's steps, read for its attempts only and no further than its last
+step, so an earlier run that went further never shows up as new steps; and that run's
+incidents (``&all_incidents=true``: every run's, as the page's "all runs" table shows).
+An earlier run gets no new steps, so its stream only watches the incidents.
 
 Each open stream costs a poll a second, so they are capped per process: at most
 ``VIGIL_MAX_STREAMS_PER_TOKEN`` per token (or per browser without one, in development),
@@ -29,6 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
@@ -39,10 +46,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Receive, Scope, Send
 
 from backend.db import session_scope
+from backend.deps import RunQuery
 from backend.incidents.models import Incident
 from backend.jobs.models import Rank
+from backend.jobs.runs import current_run, require_run
 from backend.jobs.service import get_job_id
 from backend.settings import Settings
+from backend.telemetry.binning import RunRows, only
 from backend.telemetry.models import StepRecord
 from backend.telemetry.queries import incident_marks, lowest_rank, num
 from backend.ui.auth import TOKEN_COOKIE, ReadApi
@@ -115,8 +125,38 @@ class SlotStream(StreamingResponse):
             self._release()
 
 
-def current_step(session: Session, job_id: int) -> int | None:
-    return session.scalar(select(func.max(Rank.last_step)).where(Rank.job_id == job_id))
+@dataclass(frozen=True)
+class Follow:
+    """What one stream follows: the steps of ``rows`` (one run's; ``None``: a job with no
+    run recorded, every step), polled only while that run is the job's current one (an
+    earlier run gets no new steps), and the incidents of run ``incidents_of`` (``None``:
+    every run's)."""
+
+    rows: RunRows | None
+    live: bool
+    incidents_of: int | None
+
+
+def follow(
+    session: Session, *, job_id: int, job: str, run: int | None = None, every_run: bool = False
+) -> Follow:
+    """The stream of run ``run`` of the job (default: its current run); ``every_run``: with
+    every run's incidents. ``NotFound`` (404) for a run the job does not have."""
+    current = current_run(session=session, job_id=job_id)
+    chosen = (
+        current if run is None else require_run(session=session, job_id=job_id, job=job, number=run)
+    )
+    if chosen is None:
+        return Follow(None, True, None)
+    rows = RunRows.of(chosen, alone=False)
+    live = current is not None and chosen.id == current.id
+    return Follow(rows, live, None if every_run else chosen.number)
+
+
+def current_step(session: Session, job_id: int, rows: RunRows | None = None) -> int | None:
+    """The last step of the job's ranks (of ``rows``' run only, when given)."""
+    where = [Rank.job_id == job_id, *only(rows, Rank.attempt)]
+    return session.scalar(select(func.max(Rank.last_step)).where(*where))
 
 
 def incident_signature(session: Session, job_id: int) -> str:
@@ -130,21 +170,29 @@ def incident_signature(session: Session, job_id: int) -> str:
 
 
 def snapshot(
-    factory: sessionmaker[Session], job_id: int, after_step: int, signature: str
+    factory: sessionmaker[Session],
+    job_id: int,
+    after_step: int,
+    signature: str,
+    scope: Follow | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """The events the browser has not seen: new steps after ``after_step`` (of the lowest
-    rank, as the step-time chart draws them) and the incidents if ``signature`` moved."""
+    rank, as the step-time chart draws them) and the incidents if ``signature`` moved;
+    ``scope``: of the run it follows (``None``: the whole job)."""
+    scope = scope or Follow(None, True, None)
     events: list[tuple[str, dict[str, Any]]] = []
     with session_scope(factory) as session:
-        current = current_step(session, job_id)
+        current = current_step(session, job_id, scope.rows) if scope.live else None
         if current is not None and current > after_step:
-            rank = lowest_rank(session, job_id)
+            rank = lowest_rank(session, job_id, scope.rows)
             rows = session.execute(
                 select(StepRecord.step, func.max(StepRecord.duration_s))
                 .where(
                     StepRecord.job_id == job_id,
                     StepRecord.rank == rank,
                     StepRecord.step > after_step,
+                    StepRecord.step <= current,  # an earlier, longer run's are not news
+                    *only(scope.rows, StepRecord.attempt),
                 )
                 .group_by(StepRecord.step)
                 .order_by(StepRecord.step)
@@ -162,7 +210,9 @@ def snapshot(
             )
         now = incident_signature(session, job_id)
         if now != signature:
-            incidents = incident_marks(session=session, job_id=job_id, limit=50)
+            incidents = incident_marks(
+                session=session, job_id=job_id, limit=50, run=scope.incidents_of
+            )
             events.append(("incidents", {"signature": now, "incidents": incidents}))
     return events
 
@@ -185,12 +235,16 @@ async def job_events(
     poll_s: float = POLL_S,
     heartbeat_s: float = HEARTBEAT_S,
     max_s: float = MAX_STREAM_S,
+    scope: Follow | None = None,
 ) -> AsyncIterator[str]:
-    """Yield SSE text until the client disconnects or ``max_s`` passes."""
+    """Yield SSE text until the client disconnects or ``max_s`` passes; ``scope``: the
+    run followed (:func:`follow`; ``None``: the whole job)."""
     started = last_sent = time.monotonic()
     yield "retry: 3000\n\n"
     while not await is_disconnected():
-        events = await anyio.to_thread.run_sync(snapshot, factory, job_id, after_step, signature)
+        events = await anyio.to_thread.run_sync(
+            snapshot, factory, job_id, after_step, signature, scope
+        )
         for name, payload in events:
             if name == "steps":
                 steps = payload["step"]
@@ -224,17 +278,25 @@ async def job_stream(
     _: ReadApi,
     after_step: Annotated[int, Query()] = -1,
     incidents: Annotated[str, Query(max_length=200)] = "",
+    run: RunQuery = None,
+    all_incidents: bool = False,
 ) -> StreamingResponse:
-    """Server-Sent Events: ``steps`` and ``incidents`` as the job changes."""
+    """Server-Sent Events: ``steps`` and ``incidents`` as the job changes; those of run
+    ``run`` (default: the job's current run; ``all_incidents``: every run's incidents)."""
     factory: sessionmaker[Session] = request.app.state.sessionmaker
 
-    def find() -> int | None:
+    def find() -> tuple[int, Follow] | None:
         with session_scope(factory) as session:
-            return get_job_id(session=session, name=job)
+            job_id = get_job_id(session=session, name=job)
+            if job_id is None:
+                return None
+            scope = follow(session, job_id=job_id, job=job, run=run, every_run=all_incidents)
+            return job_id, scope
 
-    job_id = await anyio.to_thread.run_sync(find)
-    if job_id is None:
+    found = await anyio.to_thread.run_sync(find)
+    if found is None:
         raise HTTPException(404, f"job {job!r} not found")
+    job_id, scope = found
     after, sig = resume_point(request, after_step, incidents)
     slots: StreamSlots = request.app.state.stream_slots
     key = stream_key(request)
@@ -252,6 +314,11 @@ async def job_stream(
             headers={"Retry-After": str(settings.retry_after_s)},
         )
     events = job_events(
-        factory, job_id, after_step=after, signature=sig, is_disconnected=request.is_disconnected
+        factory,
+        job_id,
+        after_step=after,
+        signature=sig,
+        is_disconnected=request.is_disconnected,
+        scope=scope,
     )
     return SlotStream(events, release=lambda: slots.release(key))

@@ -55,6 +55,13 @@ def parse(argv: list[str] | None = None) -> tuple[Options, argparse.Namespace]:
     p.add_argument(
         "--tp", type=int, default=1, help="tensor-parallel group size (default 1: DDP only)"
     )
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks on one host (default 8)")
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="ship through a per-host relay: one /api/v1/ingest/multi request per node and "
+        "flush, as `vigil relay` sends (default: every rank its own request)",
+    )
     p.add_argument("--minutes", type=float, default=1.0, help="how long to run (default 1)")
     p.add_argument(
         "--flush-s", type=float, default=1.0, help="each rank's flush interval (default 1)"
@@ -117,6 +124,8 @@ def parse(argv: list[str] | None = None) -> tuple[Options, argparse.Namespace]:
             jobs=args.jobs,
             step_s=args.step_s,
             tp=args.tp,
+            ranks_per_node=args.ranks_per_node,
+            relay=args.relay,
             duration_s=args.minutes * 60,
             flush_s=args.flush_s,
             faults=[f for spec in args.faults for f in parse_faults(spec)],

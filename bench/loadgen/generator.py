@@ -4,21 +4,19 @@ contract, as the collector does, while faults are injected and incidents watched
     summary = asyncio.run(run(Options(endpoints=["http://127.0.0.1:8000"], token="…",
                                       ranks=512, duration_s=60, faults=parse_faults("…"))))
 
-Each rank is one coroutine that behaves like a collector's shipping thread:
+Each rank behaves like a collector's shipping thread: every ``flush_s`` (at its own
+random phase) one batch of the steps and collective aggregates that ended since its last,
+plus its newest heartbeat (``bench.loadgen.job`` says what they hold); a batch without a
+200 is kept and resent with the same ``batch_id`` after ``Retry-After`` or a backoff (0.5 s
+doubling to 4 s) while its heartbeats go alone; its buffer is bounded (``max_queue``
+events: past it the oldest steps are dropped and counted); a batch holds at most
+``max_batch`` events; a crashed rank stops at once; at the end each sends what is left and
+a goodbye heartbeat (``exiting``, exit code 0). How the batches travel:
 
-- every ``flush_s`` (at a random phase per rank, as independent processes are) it sends one
-  batch: the steps and collective aggregates that ended since its last batch, plus its
-  newest heartbeat (``bench.loadgen.job`` says what they hold);
-- a batch that gets no 200 is kept and resent with the same ``batch_id`` and body after the
-  server's ``Retry-After`` (429) or a backoff (5xx, transport error; 0.5 s doubling to 4 s);
-  its heartbeat goes again alone at once, and until the batch is through each tick's
-  heartbeat goes alone, so liveness does not queue behind telemetry (a heartbeat-only
-  request that fails is superseded by the next one, not retried), as
-  ``collector.shipper`` does;
-- its buffer is bounded (``max_queue`` events): past it the oldest steps are dropped and
-  counted; a batch holds at most ``max_batch`` events; bodies over 1 KiB are gzipped;
-- a crashed rank stops at once (what it had not sent dies with it);
-- at the end it sends what is left and a goodbye heartbeat (``exiting``, exit code 0).
+- ``bench.loadgen.direct`` (default): each rank its own ``POST /api/v1/ingest``, bodies
+  over 1 KiB gzipped;
+- ``bench.loadgen.node`` (``relay``): the ranks of a node in one
+  ``POST /api/v1/ingest/multi`` per flush, as the per-host relay sends them.
 
 Before the first step, ``warmup_s`` of heartbeats only: the ranks initialising (the
 collector heartbeats from ``init()``), which also creates the job's rows and warms the
@@ -47,9 +45,11 @@ from typing import Any
 
 import orjson
 
+from bench.loadgen.direct import rank_loop
 from bench.loadgen.faults import bound_s
-from bench.loadgen.http import Pool, TransportError
+from bench.loadgen.http import Pool
 from bench.loadgen.job import Event, Shape, SimJob
+from bench.loadgen.node import node_loop
 from bench.loadgen.options import Options
 from bench.loadgen.probes import CpuProbe, DbProbe, RestProbe
 from bench.loadgen.report import Stats, format_row, header, judge, lost, row, totals
@@ -88,7 +88,13 @@ class LoadRun:
         self.start = time.time() + 0.5
         self.t0 = self.start + opts.warmup_s  # the first step starts; fault times count from here
         self.names = [f"{opts.job_prefix}-{j}" for j in range(opts.jobs)]
-        shape = Shape(ranks=opts.ranks, tp=opts.tp, step_s=opts.step_s, seed=opts.seed)
+        shape = Shape(
+            ranks=opts.ranks,
+            tp=opts.tp,
+            step_s=opts.step_s,
+            seed=opts.seed,
+            ranks_per_node=opts.ranks_per_node,
+        )
         self.sims = [
             SimJob(shape, t0=self.t0, faults=[f for f in opts.faults if f.job == j])
             for j in range(opts.jobs)
@@ -104,7 +110,7 @@ class LoadRun:
 
     # -- the ranks ---------------------------------------------------------------------
 
-    def _batch(self, r: _Rank, events: list[Event]) -> tuple[bytes, bool]:
+    def _batch(self, r: _Rank, events: list[Event], *, gzip_ok: bool = True) -> tuple[bytes, bool]:
         body = {
             "batch_id": os.urandom(16).hex(),
             "job": self.names[r.job],
@@ -119,11 +125,11 @@ class LoadRun:
             raw = json.dumps(body, separators=(",", ":")).encode()  # NaN: orjson writes null
         else:
             raw = orjson.dumps(body)
-        if len(raw) > GZIP_ABOVE:
+        if gzip_ok and len(raw) > GZIP_ABOVE:
             return gzip.compress(raw, compresslevel=1), True
         return raw, False
 
-    def _take(self, r: _Rank, beat: Event | None) -> _Pending:
+    def _take(self, r: _Rank, beat: Event | None, *, gzip_ok: bool = True) -> _Pending:
         """The rank's next batch: its backlog of ended steps (oldest dropped past
         ``max_queue``) and its heartbeat."""
         sim = self.sims[r.job]
@@ -143,29 +149,14 @@ class LoadRun:
         r.cursor = upto
         if beat is not None:
             events.append(beat)
-        body, gz = self._batch(r, events)
+        body, gz = self._batch(r, events, gzip_ok=gzip_ok)
         return _Pending(body, gz, n_steps, len(events) - n_steps - int(beat is not None), ends)
 
-    async def _post(self, r: _Rank, body: bytes, gz: bool) -> tuple[int, float, Any]:
-        """(status or 0 for a transport error, seconds, reply JSON or Retry-After)."""
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.opts.token}"}
-        if gz:
-            headers["Content-Encoding"] = "gzip"
-        try:
-            reply = await r.client.post("/api/v1/ingest", body, headers)
-        except TransportError as exc:
-            return 0, 0.0, str(exc)
-        took = reply.seconds
-        if reply.status == 200:
-            return 200, took, orjson.loads(reply.body)
-        if reply.status == 429:
-            return 429, took, float(reply.headers.get("retry-after") or 1.0)
-        return reply.status, took, reply.body.decode(errors="replace")
-
-    async def _send_pending(self, r: _Rank) -> None:
+    def _settle(self, r: _Rank, status: int, took: float, got: Any) -> None:
+        """The rank's pending batch got ``status`` (0: no answer): acknowledged, refused
+        for good, or kept for a retry after ``Retry-After`` (``got``, 429) or a backoff."""
         p = r.pending
         assert p is not None
-        status, took, got = await self._post(r, p.body, p.gzipped)
         if status == 200:
             now = time.time()
             self.stats.ok(
@@ -194,42 +185,6 @@ class LoadRun:
         if what is None:
             what = "server_errors" if status >= 500 else "rejected"
         self.stats.failed(what, heartbeat_only=heartbeat_only, message=f"{status}: {got}")
-
-    async def _send_beat(self, r: _Rank, beat: Event) -> None:
-        body, gz = self._batch(r, [beat])
-        status, took, got = await self._post(r, body, gz)
-        if status == 200:
-            self.stats.ok(steps=0, collectives=0, rtt_s=took, actions=len(got.get("actions") or []))
-        else:
-            self._failed(status, got, heartbeat_only=True)
-
-    async def _rank_loop(self, r: _Rank) -> None:
-        sim = self.sims[r.job]
-        tick = self.start + self.rng.uniform(0, self.opts.flush_s)
-        while True:
-            await asyncio.sleep(max(0.0, tick - time.time()))
-            now = time.time()
-            tick = max(tick + self.opts.flush_s, now)
-            if sim.crashed(r.rank):
-                r.pending, r.done = None, True
-                return
-            beat = sim.heartbeat(r.rank, now)
-            last = self.draining and r.pending is None and r.cursor >= sim.completed
-            if last and beat is not None and self.opts.goodbye:
-                beat = {**beat, "exiting": True, "exit_code": 0}
-            if r.pending is None:  # a fresh batch: the heartbeat rides along
-                r.pending = self._take(r, beat)
-                await self._send_pending(r)
-                if r.pending is not None and beat is not None:
-                    await self._send_beat(r, beat)  # it failed: the heartbeat again, alone
-            else:  # telemetry waits: the heartbeat goes alone, the batch when it is due
-                if beat is not None:
-                    await self._send_beat(r, beat)
-                if time.time() >= r.pending.retry_at:
-                    await self._send_pending(r)
-            if last and r.pending is None:
-                r.done = True
-                return
 
     # -- the clock, the watchers ------------------------------------------------------
 
@@ -315,6 +270,7 @@ class LoadRun:
         self.out(
             f"{o.jobs} job(s) × {o.ranks} ranks, step {o.step_s:g} s, flush {o.flush_s:g} s, "
             f"{len(o.endpoints)} endpoint(s), jobs {', '.join(self.names)}"
+            + (f"; through a relay per node of {o.ranks_per_node} ranks" if o.relay else "")
         )
         for f in o.faults:
             self.out(f"  fault: {f.describe()}")
@@ -322,7 +278,16 @@ class LoadRun:
             self.out("stored/s: step rows only, over REST (no --database-url)")
         self.out(header([*self.cpu.specs, "loadgen"]))
         tasks = [asyncio.create_task(self._clock()), asyncio.create_task(self._poll(rest))]
-        senders = [asyncio.create_task(self._rank_loop(r)) for r in ranks]
+        if o.relay:  # one sender per node, as its relay
+            nodes: dict[tuple[int, str], list[_Rank]] = {}
+            for r in ranks:
+                nodes.setdefault((r.job, self.sims[r.job].shape.host(r.rank)), []).append(r)
+            senders = [
+                asyncio.create_task(node_loop(self, members, clients[i % len(clients)]))
+                for i, members in enumerate(nodes.values())
+            ]
+        else:
+            senders = [asyncio.create_task(rank_loop(self, r)) for r in ranks]
         try:
             await asyncio.sleep(max(0.0, self.t0 - time.time()))
             if o.warmup_s > 0:
@@ -389,6 +354,8 @@ class LoadRun:
                 "ranks": o.ranks,
                 "step_s": o.step_s,
                 "tp": o.tp,
+                "relay": o.relay,
+                "ranks_per_node": o.ranks_per_node,
                 "flush_s": o.flush_s,
                 "duration_s": o.duration_s,
                 "t0": self.t0,

@@ -21,6 +21,8 @@ class Options:
     jobs: int = 1
     step_s: float = 1.0
     tp: int = 1
+    ranks_per_node: int = 8
+    relay: bool = False  # ship through one relay per node (``bench.loadgen.node``)
     flush_s: float = 1.0
     faults: list[Fault] = field(default_factory=list)
     job_prefix: str = ""
@@ -53,4 +55,7 @@ class Options:
         if not self.job_prefix:
             self.job_prefix = "loadgen-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         check_faults(self.faults, ranks=self.ranks, jobs=self.jobs)
-        Shape(ranks=self.ranks, tp=self.tp, step_s=self.step_s)  # refuses a bad shape now
+        if self.ranks_per_node < 1:
+            raise ValueError("ranks per node must be positive")
+        # refuses a bad shape now
+        Shape(ranks=self.ranks, tp=self.tp, step_s=self.step_s, ranks_per_node=self.ranks_per_node)

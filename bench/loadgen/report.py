@@ -40,7 +40,8 @@ class Window:
     acked_steps: int = 0
     acked_collectives: int = 0
     heartbeats: int = 0  # heartbeats acknowledged
-    requests: int = 0
+    requests: int = 0  # batches answered or failed (in node mode, lines of requests)
+    posts: int = 0  # HTTP requests sent (node mode: one per node and flush)
     throttled: int = 0  # 429
     server_errors: int = 0  # 5xx
     transport_errors: int = 0  # refused, reset, timed out
@@ -100,6 +101,10 @@ class Stats:
         if what == "rejected" and len(self.rejections) < 5:
             self.rejections.append(message[:300])
 
+    def post(self) -> None:
+        for w in self._both():
+            w.posts += 1
+
     def drop(self, events: int) -> None:
         for w in self._both():
             w.drops += events
@@ -134,6 +139,7 @@ def row(
         "acked_per_s": round(w.acked / span, 1),
         "stored_per_s": None if stored is None else round(stored / span, 1),
         "requests_per_s": round(w.requests / span, 1),
+        "posts_per_s": round(w.posts / span, 1),
         "heartbeats_per_s": round(w.heartbeats / span, 1),
         "rtt_p50_ms": _r(quantile_ms(w.rtt, 0.5)),
         "rtt_p99_ms": _r(quantile_ms(w.rtt, 0.99)),
@@ -159,6 +165,7 @@ _COLS = [
     ("acked_per_s", "acked/s", 10),
     ("stored_per_s", "stored/s", 10),
     ("requests_per_s", "req/s", 8),
+    ("posts_per_s", "posts/s", 8),
     ("rtt_p50_ms", "p50 ms", 8),
     ("rtt_p99_ms", "p99 ms", 8),
     ("delivery_p99_ms", "dlv p99", 8),
@@ -264,6 +271,7 @@ def totals(stats: Stats, *, unsent_at_end: int) -> dict[str, Any]:
         "acked_collectives": t.acked_collectives,
         "heartbeats_acked": t.heartbeats,
         "requests": t.requests,
+        "posts": t.posts,
         "throttled": t.throttled,
         "server_errors": t.server_errors,
         "transport_errors": t.transport_errors,

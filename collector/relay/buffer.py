@@ -14,6 +14,9 @@ flight at a time, so waiting longer only adds latency), or when a flush's worth
     entry = buf.submit(body, key=("job", "run", 3))    # handler thread; Full when full
     batch = buf.take(stop)                             # flusher: blocks until due
     buf.resolve(batch, answers)                        # wakes each handler
+
+The flusher sends a flush in parts (``lane_parts``): its heartbeat-only batches first, in
+requests the server's heartbeat lane takes, then the others in one request.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+from collector import lane
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,26 @@ class Answer:
 class Entry:
     body: bytes
     key: Hashable | None  # (job, run, rank) of the batch; None when it is not JSON
+    beats: bool = False  # heartbeat-only (``collector.lane``): sent apart, first
     arrived: float = field(default_factory=time.monotonic)
     state: str = "pending"  # pending → sent → done; or withdrawn
     answer: Answer | None = None
     done: threading.Event = field(default_factory=threading.Event)
+
+
+def lane_parts(entries: list[Entry]) -> list[list[Entry]]:
+    """A flush's upstream requests, in the order to send them: its heartbeat-only batches,
+    in parts the server's heartbeat lane takes when it refuses telemetry (``collector.lane``),
+    then the others, in one. So a throttled telemetry request does not take the node's
+    heartbeats down with it, and their answers do not wait for it.
+
+    >>> [[e.body for e in p] for p in lane_parts([Entry(b"t", 1), Entry(b"h", 2, True)])]
+    [[b'h'], [b't']]
+    """
+    beats = [e for e in entries if e.beats]
+    rest = [e for e in entries if not e.beats]
+    out = [beats[cut] for cut in lane.parts([len(e.body) for e in beats])]
+    return [*out, rest] if rest else out
 
 
 class Full(Exception):
@@ -72,8 +93,8 @@ class MergeBuffer:
 
     # -- handler threads -------------------------------------------------------------------
 
-    def submit(self, body: bytes, key: Hashable | None) -> Entry:
-        entry = Entry(body, key)
+    def submit(self, body: bytes, key: Hashable | None, beats: bool = False) -> Entry:
+        entry = Entry(body, key, beats)
         with self._cond:
             lim = self.limits
             if self._closing:

@@ -12,6 +12,11 @@ Guarantees, the same as without it:
   the body's bytes unchanged, so the server deduplicates it as it would a direct retry.
 - **Actions reach the right rank.** The server answers each batch with the actions for its
   rank; the relay hands each rank its own answer.
+- **Liveness first.** A flush's heartbeat-only batches go in requests of their own, before
+  its telemetry: an overloaded server that refuses the telemetry (429) still takes them
+  (its heartbeat lane, ``collector.lane``), so it does not see a node's live ranks go
+  silent together. A rank whose telemetry got 429 sends its heartbeats alone meanwhile
+  (``collector.shipper``), and those go apart too.
 - **Bounded memory.** At most ``Limits.max_bytes`` / ``max_batches`` held and
   ``max_connections`` ranks waiting; past that a rank gets 429 (or 503) with
   ``Retry-After`` and keeps its batch.
@@ -41,7 +46,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.relay.buffer import Answer, Full, Limits, MergeBuffer
+from collector import lane
+from collector.relay.buffer import Answer, Entry, Full, Limits, MergeBuffer, lane_parts
 from collector.relay.upstream import TooLarge, Upstream, error_answer
 
 log = logging.getLogger("vigil.relay")
@@ -134,10 +140,10 @@ class Relay:
 
     # -- a rank's batch (handler threads) ----------------------------------------------------
 
-    def relay_batch(self, body: bytes, key: Any) -> Answer:
+    def relay_batch(self, body: bytes, key: Any, beats: bool = False) -> Answer:
         """Hold the batch for the next flush and wait for the server's answer to it."""
         try:
-            entry = self.buffer.submit(body, key)
+            entry = self.buffer.submit(body, key, beats)
         except Full as exc:
             self.count("refused_full")
             return error_answer(429, "throttled", f"buffer full ({exc}); retry later", 1.0)
@@ -163,18 +169,24 @@ class Relay:
                 log.warning("relay: flush error", exc_info=True)
                 time.sleep(0.1)
 
-    def _forward(self, batch: list[Any]) -> None:
-        try:
-            answers = self.upstream.send([entry.body for entry in batch])
-        except TooLarge as exc:
-            self.buffer.requeue(batch)
-            log.warning("relay: the server found a flush too big (%s); sending less", exc)
-            return
-        except Exception:
-            log.warning("relay: could not forward a flush", exc_info=True)
-            answers = [error_answer(503, "unavailable", "internal error", 1.0)] * len(batch)
-        self.buffer.resolve(batch, answers)
-        self.count("forwarded", len(batch))
+    def _forward(self, batch: list[Entry]) -> None:
+        """Send a flush, heartbeat-only batches first (``lane_parts``); each part's ranks
+        are answered as soon as it is."""
+        parts = lane_parts(batch)
+        for n, part in enumerate(parts):
+            try:
+                answers = self.upstream.send([entry.body for entry in part])
+            except TooLarge as exc:
+                self.buffer.requeue([entry for left in parts[n:] for entry in left])
+                log.warning("relay: the server found a flush too big (%s); sending less", exc)
+                return
+            except Exception:
+                log.warning("relay: could not forward a flush", exc_info=True)
+                answers = [error_answer(503, "unavailable", "internal error", 1.0)] * len(part)
+            self.buffer.resolve(part, answers)
+            self.count("forwarded", len(part))
+            if part[0].beats:
+                self.count("forwarded_heartbeats", len(part))
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -253,7 +265,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return error_answer(415, "unsupported_media_type", f"encoding {encoding!r}", None)
         if not body.strip():
             return error_answer(400, "bad_request", "body is empty", None)
-        return relay.relay_batch(one_line(body), rank_key(body))
+        line = one_line(body)
+        return relay.relay_batch(line, *sort_out(line))
 
     def _refuse(self, status: int, code: str, detail: str) -> Answer:
         self.close_connection = True  # the body was not read
@@ -284,16 +297,18 @@ def one_line(body: bytes) -> bytes:
     return body
 
 
-def rank_key(body: bytes) -> tuple[str, str, str] | None:
+def sort_out(body: bytes) -> tuple[tuple[str, str, str] | None, bool]:
     """Who sent the batch — (job, run, rank) — so a flush need not wait for a rank whose
-    batch is already there; None for a body that is not a JSON object."""
+    batch is already there (None for a body that is not a JSON object); and whether it is
+    heartbeat-only (``collector.lane``), to be sent apart from the telemetry."""
     try:
         batch = json.loads(body)
     except ValueError:
-        return None
+        return None, False
     if not isinstance(batch, dict):
-        return None
-    return (str(batch.get("job")), str(batch.get("run")), str(batch.get("rank")))
+        return None, False
+    key = (str(batch.get("job")), str(batch.get("run")), str(batch.get("rank")))
+    return key, len(body) <= lane.MAX_BYTES and lane.heartbeats(batch)
 
 
 def _gunzip(body: bytes, limit: int) -> bytes | str:

@@ -153,9 +153,13 @@
         margin: { l: 10, r: 20, t: 10, b: 40 }, showlegend: false });
   }
 
+  /* The incidents table lists the drawn run's incidents (the stream sends those), or
+   * every run's with a run column (data-runs, page.all_incidents). */
   function renderIncidents(incidents) {
-    var body = document.querySelector("#incidents tbody");
+    var table = document.getElementById("incidents");
+    var body = table && table.querySelector("tbody");
     if (!body) return;
+    var runs = table.hasAttribute("data-runs");
     body.textContent = "";
     var open = 0;
     incidents.forEach(function (i) {
@@ -164,6 +168,7 @@
       tr.className = "incident status-" + i.status;
       tr.setAttribute("data-id", String(i.id));
       V.link(V.cell(tr, ""), "/incidents/" + encodeURIComponent(i.id), String(i.id));
+      if (runs) V.cell(tr, "#" + i.run, "num");
       V.cell(tr, i.kind);
       var sev = document.createElement("span");
       sev.className = "sev sev-" + i.severity;
@@ -190,13 +195,19 @@
   function live() {
     if (!window.EventSource) return;
     var status = document.getElementById("live-status");
+    // The stream follows the drawn run: its steps, and its incidents (or every run's).
     var url = page.urls.stream + "?after_step=" + encodeURIComponent(page.current_step == null ? -1 : page.current_step) +
-              "&incidents=" + encodeURIComponent(page.incidents_signature);
+              "&incidents=" + encodeURIComponent(page.incidents_signature) +
+              (page.run == null ? "" : "&run=" + encodeURIComponent(page.run)) +
+              (page.all_incidents ? "&all_incidents=true" : "");
     var source = new EventSource(url);
     source.onopen = function () {
-      // A run that ended is not live: the stream only watches for the job's next run.
+      // A run that ended is not live: the stream only watches for the job's next run. An
+      // earlier run than the current one gets no new steps: only its incidents are watched.
       var ended = page.run_state && page.run_state !== "running";
-      status.textContent = ended ? "run " + page.run_state + " · watching for a new run" : "live";
+      var earlier = page.run != null && page.current_run != null && page.run !== page.current_run;
+      status.textContent = earlier ? "run #" + page.run + " is over · run #" + page.current_run + " is current"
+        : ended ? "run " + page.run_state + " · watching for a new run" : "live";
       retryS = 5;
     };
     source.onerror = function () {

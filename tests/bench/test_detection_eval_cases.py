@@ -23,8 +23,17 @@ from bench.detection_eval import (
     run_trial,
     stream_windows,
 )
-from bench.replay import Alert, Baselines, Outcome, ServerView, Telemetry, backend_window
+from bench.replay import (
+    Alert,
+    Baselines,
+    IncidentTracker,
+    Outcome,
+    ServerView,
+    Telemetry,
+    backend_window,
+)
 from bench.simulate import Fault, JobConfig, simulate
+from detectors.finding import Finding
 
 T0 = JobConfig().t0
 
@@ -68,16 +77,36 @@ def test_an_always_heterogeneous_clean_run_raises_no_alarm() -> None:
 
 def test_baselines_are_learned_once_and_handed_back_to_later_windows() -> None:
     keeper = Baselines(4)
-    early = np.ones((4, 30))
+    early = np.ones((4, 100))  # learn_steps: the first window with that many steps
     early[2] *= 1.05
-    w = backend_window(keeper, steps=range(30), ranks=range(4), step_time=early, live_ranks=4)
+    w = backend_window(keeper, steps=range(100), ranks=range(4), step_time=early, live_ranks=4)
     assert w.straggler_baseline is not None
     assert w.straggler_baseline[2] == pytest.approx(1.05)
-    later = np.ones((4, 30))
+    later = np.ones((4, 100))
     later[2] *= 1.4  # slow for the whole later window: not its normal
-    w = backend_window(keeper, steps=range(100, 130), ranks=range(4), step_time=later, live_ranks=4)
+    w = backend_window(keeper, steps=range(200, 300), ranks=range(4), step_time=later, live_ranks=4)
     assert w.straggler_baseline is not None
     assert w.straggler_baseline[2] == pytest.approx(1.05)
+
+
+def test_windows_carry_the_ranks_the_open_straggler_incidents_name() -> None:
+    """As ``backend.detection.baselines.attach_named`` does: the first step of each rank's
+    open straggler incident, NaN where it has none; gone once the incident resolves."""
+    tracker = IncidentTracker({"straggler", "slowdown"})
+    named = Finding("straggler", "warning", (2,), 105, 5.0, "", "straggler:2", {}, True)
+    other = Finding("slowdown", "warning", (), 101, 5.0, "", "slowdown", {}, True)
+    tracker.apply([named, other], step=110, now=1.0)
+    keeper, times = Baselines(4), np.ones((4, 100))
+    w = backend_window(
+        keeper, steps=range(100), ranks=range(4), step_time=times, live_ranks=4, incidents=tracker
+    )
+    assert w.straggler_since is not None
+    assert np.array_equal(w.straggler_since, [np.nan, np.nan, 105, np.nan], equal_nan=True)
+    tracker.apply([other], step=111, now=2.0)  # the straggler's incident resolves
+    w = backend_window(
+        keeper, steps=range(100), ranks=range(4), step_time=times, live_ranks=4, incidents=tracker
+    )
+    assert w.straggler_since is not None and np.isnan(w.straggler_since).all()
 
 
 def _tiny(ranks: int = 4, steps: int = 12, chunk: int = 3) -> Telemetry:

@@ -7,6 +7,7 @@ vectorized path gives identical findings. It reads the same prepared window
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,54 +31,64 @@ def report_per_rank(prep: _Prepared, cfg: StragglerConfig) -> list[Finding]:
     """``detect_stragglers``'s findings for a prepared window, rank by rank."""
     block, pairwise = prep.block, prep.pairwise
     times, comm, reference = prep.times, prep.comm, prep.reference
-    median_compute: FloatArray | None = reference if pairwise else None
+    n = block.firing.shape[1]
+    per_row = {j: _episodes(prep, j, cfg) for j in range(block.cols.size)}
+    per_row = {j: eps for j, eps in per_row.items() if eps}
+    # A group: rows whose most recent episode is still going, with onsets within
+    # ``group_steps`` of those of ``group_ranks - 1`` others still going.
+    going = {j: eps[-1] for j, eps in per_row.items() if eps[-1].end == n - 1}
 
-    def episodes(rows: list[int], step_s: FloatArray | None, min_span_s: float) -> list[Finding]:
-        nonlocal median_compute
-        if not rows:
-            return []
-        if median_compute is None:
-            median_compute = nanmedian_rows(compute_by_step(times, comm), overwrite=True)
-        median = median_compute
-        out = []
-        for j in rows:
-            col = int(block.cols[j])
-            finding = _episode_finding(
-                col=col,
-                rank=int(prep.rank_ids[col]),
-                step_ids=prep.step_ids,
-                firing=block.firing[j],
-                held=block.held[j],
-                over=block.over[j],
-                kept=block.kept[j],
-                kept_held=block.kept_held[j],
-                valid=block.valid[j],
-                adj=block.adj[j],
-                base=float(block.base[j]),
-                scale=prep.scale,
-                margin=prep.margin,
-                median_compute=median[:, col] if pairwise else median,
-                reference=reference[:, col] if pairwise else reference,
-                pairwise=pairwise,
-                times=times,
-                comm=comm,
-                cfg=cfg,
-                step_s=step_s,
-                min_span_s=min_span_s,
-            )
-            if finding is not None:
-                out.append(finding)
-        return out
+    def near(a: _Episode) -> list[_Episode]:
+        return [b for b in going.values() if abs(a.onset - b.onset) <= cfg.group_steps]
 
-    findings = episodes(list(range(block.cols.size)), None, 0.0)
-    if len(findings) > 1 or (pairwise and findings):
-        named = {f.ranks[0] for f in findings}
-        rows = [j for j, c in enumerate(block.cols.tolist()) if int(prep.rank_ids[c]) in named]
-        cols = block.cols[rows]
-        step_s = nanmedian_rows(np.ascontiguousarray(times[cols].T))
-        findings = episodes(rows, step_s, cfg.noisy_min_s)
+    group = {j for j, a in going.items() if len(near(a)) >= cfg.group_ranks}
+
+    def grouped(j: int, e: _Episode) -> bool:
+        return j in group and e is per_row[j][-1]
+
+    def cheap(j: int, e: _Episode) -> bool:  # a group's cost counts together
+        cost = sum(b.cost for b in near(e)) if grouped(j, e) else e.cost
+        return cost < cfg.min_cost_s
+
+    # Cheap episodes are immaterial, short blips noise, but a group's.
+    kept = {
+        j: [e for e in eps if not cheap(j, e) and (not e.blip or grouped(j, e))]
+        for j, eps in per_row.items()
+    }
+    kept = {j: eps for j, eps in kept.items() if eps}
+    if len(kept) > 1 or (pairwise and kept):
+        # A noisy host: an episode must last ``noisy_min_s`` or cost ``noisy_min_cost_s``,
+        # unless it is a group's or one of a rank named already.
+        step_s = nanmedian_rows(np.ascontiguousarray(times[block.cols[sorted(kept)]].T))
+        named_col = block.named_col
+        kept = {
+            j: [
+                e
+                for e in eps
+                if float(np.nansum(step_s[e.onset : e.last + 1])) >= cfg.noisy_min_s
+                or e.cost >= cfg.noisy_min_cost_s
+                or e.last >= named_col[j]
+                or grouped(j, e)
+            ]
+            for j, eps in kept.items()
+        }
+        kept = {j: eps for j, eps in kept.items() if eps}
+    if not kept:
+        return []
+    median = reference if pairwise else nanmedian_rows(compute_by_step(times, comm), overwrite=True)
+    findings = [_finding(prep, j, eps, median, cfg) for j, eps in sorted(kept.items())]
     findings.sort(key=lambda f: (-f.score, f.ranks))
     return findings
+
+
+@dataclass(frozen=True)
+class _Episode:
+    onset: int
+    last: int
+    detected: int
+    end: int
+    cost: float
+    blip: bool
 
 
 def _runs(mask: BoolArray) -> list[tuple[int, int]]:
@@ -87,34 +98,17 @@ def _runs(mask: BoolArray) -> list[tuple[int, int]]:
     return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def _episode_finding(
-    *,
-    col: int,
-    rank: int,
-    step_ids: IntArray,
-    firing: BoolArray,
-    held: BoolArray,
-    over: BoolArray,
-    kept: BoolArray,
-    kept_held: BoolArray,
-    valid: BoolArray,
-    adj: FloatArray,
-    base: float,
-    scale: FloatArray,
-    margin: FloatArray,
-    median_compute: FloatArray,
-    reference: FloatArray,
-    pairwise: bool,
-    times: FloatArray,
-    comm: FloatArray | None,
-    cfg: StragglerConfig,
-    step_s: FloatArray | None = None,
-    min_span_s: float = 0.0,
-) -> Finding | None:
-    """The finding for one rank that fired: its most recent episode, or None when every
-    episode rests on fewer than ``persist_k`` observed slow steps (e.g. one slow step and
-    then no more reports: carrying that state forward is not evidence)."""
-    episodes: list[tuple[int, int, int, int]] = []  # (onset, last, detected, end) indices
+def _episodes(prep: _Prepared, j: int, cfg: StragglerConfig) -> list[_Episode]:
+    """Row ``j``'s episodes that are evidence enough (cost and blips judged later):
+    none when every episode rests on fewer than ``persist_k`` observed slow steps (e.g. one
+    slow step and then no more reports: carrying that state forward is not evidence), and
+    is not the one a rank named already goes on with."""
+    block = prep.block
+    firing, held, over = block.firing[j], block.held[j], block.over[j]
+    kept, kept_held, valid, adj = block.kept[j], block.kept_held[j], block.valid[j], block.adj[j]
+    col, named_col, seed = int(block.cols[j]), int(block.named_col[j]), int(block.seed[j])
+    reference = prep.reference[:, col] if prep.pairwise else prep.reference
+    out: list[_Episode] = []
     for start, end in _runs(firing):
         window = max(0, start - cfg.persist_m + 1)
         # Onset: where the run of steps at the hold level that holds the first observed
@@ -128,49 +122,64 @@ def _episode_finding(
         onset = window + int(np.argmax(lead))
         while onset > 0 and kept_held[onset - 1]:
             onset -= 1
+        goes_on = start <= seed <= end
+        if goes_on:
+            onset = named_col  # named already: its episode goes on from where it is named
         core = over[onset : end + 1]
         if not core.any():
             core = held[onset : end + 1]
-        core_last = onset + int(np.flatnonzero(core)[-1])
+        core_last = onset + int(np.flatnonzero(core)[-1]) if core.any() else onset
         gap = max(1, cfg.persist_m - cfg.persist_k)
         run_end = core_last
         while run_end < end and kept_held[run_end + 1 : run_end + 1 + gap].any():
             run_end += 1
         observed = np.flatnonzero(kept[core_last : run_end + 1])
         last = core_last + (int(observed[-1]) if observed.size else 0)
-        if int(over[onset : last + 1].sum()) < cfg.persist_k:
+        if int(over[onset : last + 1].sum()) < cfg.persist_k and not goes_on:
             continue
-        ended = end < firing.size - 1
-        cost, own_span = _cost(col, onset, last, times, comm, reference, base)
-        if cost < cfg.min_cost_s:
-            continue  # immaterial (so far): the job lost next to nothing to it
-        if core_last - onset + 1 < cfg.blip_steps:
+        cost, own_span = _cost(
+            col, onset, last, prep.times, prep.comm, reference, float(block.base[j])
+        )
+        blip = False
+        if core_last - onset + 1 < cfg.blip_steps and last < named_col:
             seen_ = valid[onset : core_last + 1]
             peak = _median(adj[onset : core_last + 1][seen_].astype(np.float64))
-            if (peak < cfg.blip_ratio and ended) or cost < cfg.blip_share * own_span:
-                continue  # a short blip, mild and over or cheap: noise (so far)
-        if (
-            step_s is not None
-            and float(np.nansum(step_s[onset : last + 1])) < min_span_s
-            and cost < cfg.noisy_min_cost_s
-        ):
-            continue  # a noisy host: neither sustained nor costly (yet)
-        episodes.append((onset, last, start, end))
-    if not episodes:
-        return None
-    onset, last, detected, end = episodes[-1]
-    active = end == firing.size - 1
+            ended = end < firing.size - 1
+            blip = (peak < cfg.blip_ratio and ended) or cost < cfg.blip_share * own_span
+        out.append(_Episode(onset, last, start, end, cost, blip))
+    return out
+
+
+def _finding(
+    prep: _Prepared, j: int, episodes: list[_Episode], median: FloatArray, cfg: StragglerConfig
+) -> Finding:
+    """The finding for row ``j``: its most recent episode of ``episodes``."""
+    block, pairwise, step_ids = prep.block, prep.pairwise, prep.step_ids
+    col = int(block.cols[j])
+    rank = int(prep.rank_ids[col])
+    comm, base = prep.comm, float(block.base[j])
+    valid, adj, over = block.valid[j], block.adj[j], block.over[j]
+    scale, margin = prep.scale, prep.margin
+    median_compute = median[:, col] if pairwise else median
+    reference = prep.reference[:, col] if pairwise else prep.reference
+    e = episodes[-1]
+    onset, last = e.onset, e.last
+    active = e.end == block.firing.shape[1] - 1
 
     span = slice(onset, last + 1)
     seen = valid[span]
-    rank_compute = compute_time(times[col, span], None if comm is None else comm[col, span])
+    rank_compute = compute_time(prep.times[col, span], None if comm is None else comm[col, span])
     corrected = adj[span][seen].astype(np.float64)
     raw = corrected * base
     z = (corrected - 1.0) / scale[span][seen]
     ratio = _median(raw)
     over_ratio = _median(raw[over[span][seen]])
+    if not np.isfinite(over_ratio):  # named already, no step over the threshold here
+        over_ratio = ratio
     score = _median(z)
     first_step = int(step_ids[onset])
+    if block.carried[j] and onset == 0:
+        first_step = min(first_step, int(block.since[j]))
     last_step = int(step_ids[last])
 
     evidence: dict[str, Any] = {
@@ -185,15 +194,17 @@ def _episode_finding(
         "threshold_ratio": _sig(base * (1.0 + _median(margin[span]))),
         "steps_over_threshold": int(over[span].sum()),
         "steps_observed": int(seen.sum()),
-        "detected_step": int(step_ids[detected]),
+        "detected_step": int(step_ids[e.detected]),
         "last_slow_step": last_step,
         "persistence": f"{cfg.persist_k} of {cfg.persist_m} steps",
     }
     if pairwise:
         evidence["compared_with"] = "the other rank"
+    if block.joined[j]:
+        evidence["joined_group"] = True
     if len(episodes) > 1:
         evidence["earlier_episodes"] = [
-            [int(step_ids[a]), int(step_ids[b])] for a, b, _, _ in episodes[:-1]
+            [int(step_ids[x.onset]), int(step_ids[x.last])] for x in episodes[:-1]
         ]
 
     than = "the other rank" if pairwise else "the fast ranks"

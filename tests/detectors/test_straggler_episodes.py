@@ -1,7 +1,8 @@
 """The vectorized episode bookkeeping (``detectors/straggler_episodes.py``) gives exactly the
 findings of the per-rank path it replaced (``straggler_oracle.py``), on random windows that
 exercise every rule: groups and single stragglers, short blips, several episodes per rank,
-recoveries, missing steps, collective waits or none, carried baselines or none, two ranks.
+recoveries, missing steps, collective waits or none, carried baselines or none, ranks named
+by earlier windows or none, two ranks.
 """
 
 from __future__ import annotations
@@ -44,12 +45,19 @@ def random_window(seed: int) -> dict[str, object]:
     if rng.random() < 0.5:
         baseline = rng.uniform(1.0, 1.12, n_ranks)
         baseline[rng.random(n_ranks) < 0.2] = np.nan
+    steps = 1000 + np.cumsum(rng.integers(1, 3, n_steps))
+    named_since = None
+    if rng.random() < 0.4:  # ranks named by earlier windows: since before this one, or in it
+        named_since = np.full(n_ranks, np.nan)
+        named = rng.random(n_ranks) < 0.4
+        named_since[named] = rng.integers(900, steps[-1] + 1, int(named.sum()))
     return {
-        "steps": 1000 + np.cumsum(rng.integers(1, 3, n_steps)),
+        "steps": steps,
         "step_time": times,
         "comm_time": comm,
         "ranks": rng.permutation(n_ranks) * 3 + 5,
         "baseline": baseline,
+        "named_since": named_since,
     }
 
 
@@ -61,6 +69,7 @@ def per_rank(window: dict[str, object], cfg: StragglerConfig = DEFAULT_CONFIG) -
         window["ranks"],  # type: ignore[arg-type]
         window["baseline"],  # type: ignore[arg-type]
         cfg,
+        window.get("named_since"),  # type: ignore[arg-type]
     )
     return [] if prep is None else list(report_per_rank(prep, cfg))
 

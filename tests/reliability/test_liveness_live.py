@@ -43,11 +43,6 @@ def found(stack: VigilStack, job: str) -> list[tuple[str, list[int]]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug, why the Redis path is opt-in: in 1 of 2 clean-clone CI runs the hang "
-    "was found with no culprit (rank 2's state missing from the sweep's merge?); see issue 16",
-)
 def test_the_worker_finds_a_crash_and_a_hang_from_heartbeats_in_redis(
     tmp_path, reliability_db, reliability_redis
 ):

@@ -63,8 +63,9 @@ def test_a_slow_group_stays_named_after_the_window_slides_past_its_onset(client,
 
 def _window(ratios: list[float]) -> StepWindow:
     rng = np.random.default_rng(0)
-    times = np.array(ratios)[:, None] * rng.normal(1.0, 0.005, (len(ratios), 60))
-    return StepWindow.from_arrays(steps=range(60), ranks=range(len(ratios)), step_time=times)
+    # learn_steps (100) steps: a window has to hold that many before its normals are kept
+    times = np.array(ratios)[:, None] * rng.normal(1.0, 0.005, (len(ratios), 120))
+    return StepWindow.from_arrays(steps=range(120), ranks=range(len(ratios)), step_time=times)
 
 
 def test_kept_baselines_are_reused_not_relearned() -> None:

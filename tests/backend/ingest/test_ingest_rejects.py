@@ -147,7 +147,7 @@ def test_database_failure_mid_batch_stores_nothing(client, session, monkeypatch)
     def explode(**_):  # type: ignore[no-untyped-def]
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(service, "_update_rank", explode)  # runs after the bulk inserts
+    monkeypatch.setattr(service, "update_ranks", explode)  # runs after the bulk inserts
     with pytest.raises(RuntimeError):
         client.post("/api/v1/ingest", json=batch([step(1), step(2)]), headers=INGEST)
     assert nothing_stored(session)
