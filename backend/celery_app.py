@@ -134,6 +134,9 @@ def _after_fork(**_: Any) -> None:
     _runtime = None
 
 
+EXPIRES_FLOOR_S = 30.0  # a periodic task queued this long still runs (see beat_schedule)
+
+
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """The periodic tasks, with the same intervals the embedded ticker uses."""
     every = {
@@ -144,11 +147,18 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "vigil.retention": 3600.0,
         "vigil.raw_retention": 3600.0,
     }
-    # A periodic task that waited longer than its period (no worker was up) is dropped
-    # unrun when a worker gets it: the next one is due anyway, and a backlog of stale
-    # sweeps must not stand between a worker that is back and the detection runs.
+    # A periodic task that waited longer than its period, and than EXPIRES_FLOOR_S (no
+    # worker was up), is dropped unrun when a worker gets it: the next one is due anyway,
+    # and a backlog of stale sweeps must not stand between a worker that is back and the
+    # detection runs. Not sooner: behind detection runs of a few seconds each (a 512-rank
+    # job on PostgreSQL, bench/README.md "Through relays"), a 2-s sweep that expired after
+    # its period was dropped again and again, and hangs and crashes went unseen.
     return {
-        name: {"task": name, "schedule": seconds, "options": {"expires": seconds}}
+        name: {
+            "task": name,
+            "schedule": seconds,
+            "options": {"expires": max(seconds, EXPIRES_FLOOR_S)},
+        }
         for name, seconds in every.items()
     }
 

@@ -622,6 +622,7 @@ def rank_states(run: Run, now: float, *, drop_exited: bool = True) -> list[RankS
                 last_step_ts=last_step_ts,
                 last_heartbeat_ts=float(last_hb[r]),
                 inflight=inflight,
+                host=f"node-{r // tp}",  # a node holds a tensor-parallel group, as in practice
             )
         )
     return states

@@ -51,6 +51,11 @@ whose host is not known) are judged on the timeout alone: two intervals of quiet
 server that is behind (overloaded, a backlog of batches) makes of many live ranks at once,
 and naming them would turn one crash into dozens.
 
+**A server that is behind.** Under an ingest backlog the heartbeats (let in ahead of the
+telemetry) are fresh while the stored steps are old. A heartbeat in a step past the newest
+stored one says steps finished that are not stored yet: that is no hang, however old the
+stored steps are (a hang then shows once the stored steps catch up with it).
+
 **A job that stopped.** When every rank falls silent within one heartbeat timeout of the others
 the job is taken to have stopped (finished, cancelled, preempted) and nothing is reported,
 unless the caller says the job should still be running (``finished=False``), which makes it a
@@ -220,7 +225,7 @@ def detect(
     limit = timeout.seconds
     if not any(s.inflight is not None for s in alive):
         limit = max(limit, cfg.no_history_timeout_s)
-    hung = stalled_s is not None and stalled_s > limit
+    hung = stalled_s is not None and stalled_s > limit and not _steps_behind(alive)
     steps = [s.step_in_progress for s in (alive or states)]
     stop_steps = [v for v in steps if v is not None]
     stuck_step = min(stop_steps) if stop_steps else None
@@ -274,6 +279,22 @@ def detect(
             evidence=ev,
         )
     ]
+
+
+def _steps_behind(states: Sequence[RankState]) -> bool:
+    """Whether a rank's heartbeat is in a step past the newest finished step known: steps
+    finished that have not been stored yet. The server is behind (an ingest backlog, the
+    heartbeats let in ahead of the telemetry), not the job: no hang.
+
+    >>> a = RankState(0, 480, 505, 90.0, 120.0)  # heartbeat: in step 505; stored: 480
+    >>> _steps_behind([a]), _steps_behind([RankState(0, 480, 481, 90.0, 120.0)])
+    (True, False)
+    """
+    done = [s.last_step for s in states if s.last_step is not None]
+    if not done:
+        return False
+    newest = max(done)
+    return any(s.current_step is not None and s.current_step > newest + 1 for s in states)
 
 
 def _node_mates(

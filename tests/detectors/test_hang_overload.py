@@ -7,7 +7,10 @@ was named dead too, so one crash (real or not) named dozens of live ranks.
 
 from __future__ import annotations
 
+import dataclasses
+
 from detectors.hang import RankState, detect
+from detectors.window import Inflight
 
 NOW = 10_000.0
 FAST = [0.30, 0.32, 0.31, 0.35]  # learned step timeout: the 10 s floor
@@ -62,3 +65,23 @@ def test_quiet_ranks_on_the_dead_ranks_host_are_named_with_it() -> None:
 def test_without_known_hosts_quiet_ranks_wait_for_their_own_timeout() -> None:
     states = [rank(0, None, 2.5), rank(1, None, 2.5), rank(2, None, 8.0), rank(3, None, 0.4)]
     assert crashed(states) == (2,)
+
+
+def test_steps_stored_behind_fresh_heartbeats_are_no_hang() -> None:
+    """Seen at 1,024 ranks through relays with ingest ~20 s behind: heartbeats (through
+    the liveness lane) said step 505 was in progress while the stored steps ended at 480,
+    20 s ago; a hang opened naming nearly every rank."""
+    now = 1000.0
+    waiting = Inflight("world", "all_reduce", 900, now - 0.2)  # a live job: in collectives
+    states = [
+        RankState(r, 480, 505, now - 20.0, now - 0.5, inflight=waiting, host=f"n{r // 8}")
+        for r in range(16)
+    ]
+    assert detect(states, now=now, step_durations=[1.0] * 50) == []
+    # The same stored steps with heartbeats still in step 481: a hang, as before.
+    waiting = Inflight("world", "all_reduce", 900, now - 19.0)  # rank 0 never came
+    stuck = [
+        dataclasses.replace(s, current_step=481, inflight=None if s.rank == 0 else waiting)
+        for s in states
+    ]
+    assert [f.kind for f in detect(stuck, now=now, step_durations=[1.0] * 50)] == ["hang"]
