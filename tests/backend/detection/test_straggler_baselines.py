@@ -5,6 +5,7 @@ its onset (issue 15, item 1). Data goes in through the ingest API, as collectors
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import numpy as np
@@ -22,13 +23,19 @@ from tests.factories import batch
 RANKS, SLOW, ONSET, FACTOR = 8, (2, 5, 6), 100, 1.25
 
 
-def _post(client, steps: range, rng: np.random.Generator) -> None:  # type: ignore[no-untyped-def]
+def _slow_group(rank: int, n: int) -> float:
+    return FACTOR if rank in SLOW and n >= ONSET else 1.0
+
+
+def post_compute(  # type: ignore[no-untyped-def]
+    client, steps: range, rng: np.random.Generator, factor: Callable[[int, int], float]
+) -> None:
+    """One batch per rank of 0.5-s steps ``steps``: compute ~0.3 s (1% noise) times
+    ``factor(rank, step)``, the rest collective wait, then a heartbeat."""
     for rank in range(RANKS):
         events = []
         for n in steps:
-            compute = 0.3 * (1 + rng.normal(0, 0.01))
-            if rank in SLOW and n >= ONSET:
-                compute *= FACTOR
+            compute = 0.3 * (1 + rng.normal(0, 0.01)) * factor(rank, n)
             events.append(
                 {
                     "type": "step",
@@ -49,7 +56,7 @@ def _post(client, steps: range, rng: np.random.Generator) -> None:  # type: igno
 def test_a_slow_group_stays_named_after_the_window_slides_past_its_onset(client, session):  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(1)
     for start in range(0, 700, 50):  # detection after every flush, as the backend runs it
-        _post(client, range(start, start + 50), rng)
+        post_compute(client, range(start, start + 50), rng, _slow_group)
         detect_job(session=session, job_id=job_id(session))
         session.commit()
     found = [i for i in incidents(client) if i["kind"] == "straggler"]

@@ -12,43 +12,22 @@ from backend.incidents.models import Incident
 from backend.incidents.service import fingerprint
 from backend.jobs.models import Job
 from detectors.window import StepWindow
-from tests.backend.detection.test_runner import T0, incidents, job_id, post_steps
-from tests.conftest import INGEST
-from tests.factories import batch
+from tests.backend.detection.test_runner import incidents, job_id, post_steps
+from tests.backend.detection.test_straggler_baselines import post_compute
 
 RANKS, SLOW = 8, 2
 
 
-def _post(client, steps: range, rng: np.random.Generator) -> None:  # type: ignore[no-untyped-def]
-    """Rank 2: 1.25x slower from step 100 (named), from step 150 on only 1.08x: under the
-    10% threshold, over the hold level (5%)."""
-    for rank in range(RANKS):
-        events = []
-        for n in steps:
-            compute = 0.3 * (1 + rng.normal(0, 0.01))
-            if rank == SLOW and n >= 100:
-                compute *= 1.25 if n < 150 else 1.08
-            events.append(
-                {
-                    "type": "step",
-                    "step": n,
-                    "ts": T0 + n,
-                    "duration_s": 0.5,
-                    "comm_s": 0.5 - compute,
-                    "loss": 2.0,
-                }
-            )
-        events.append({"type": "heartbeat", "ts": T0 + steps[-1] + 1, "step": steps[-1] + 1})
-        reply = client.post(
-            "/api/v1/ingest", json=batch(events, rank=rank, world_size=RANKS), headers=INGEST
-        )
-        assert reply.status_code == 200, reply.text
+def _slow_rank(rank: int, n: int) -> float:
+    if rank != SLOW or n < 100:
+        return 1.0
+    return 1.25 if n < 150 else 1.08
 
 
 def test_a_named_rank_stays_named_at_the_hold_level_across_runs(client, session):  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(3)
     for start in range(0, 700, 50):  # detection after every flush, as the backend runs it
-        _post(client, range(start, start + 50), rng)
+        post_compute(client, range(start, start + 50), rng, _slow_rank)
         detect_job(session=session, job_id=job_id(session))
         session.commit()
     found = [i for i in incidents(client) if i["kind"] == "straggler"]
