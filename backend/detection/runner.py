@@ -29,14 +29,9 @@ from sqlalchemy.orm import Session
 
 from backend.db import utcnow
 from backend.detection import baselines, history
+from backend.detection.collectives import load_collectives
 from backend.detection.opseq import load_opseq
-from backend.detection.window import (
-    live_ranks,
-    load_collectives,
-    load_liveness,
-    load_serving,
-    load_steps,
-)
+from backend.detection.window import live_ranks, load_liveness, load_serving, load_steps
 from backend.incidents.service import Changes, apply_findings
 from backend.jobs.models import Job, Rank, Run
 from backend.jobs.run_end import settle_runs

@@ -12,9 +12,13 @@ next depends on the mode (``make_scheduler`` picks):
   ``vigil.detect_job`` task is queued ``VIGIL_DETECT_INTERVAL_S`` later. The task clears
   the queued key first, so data that arrives while it runs schedules the next run, and
   takes the job off the pending set only when the run succeeded and no request came
-  meanwhile (:func:`claim` / :func:`served`). A task lost with its worker (SIGKILL, OOM)
-  therefore leaves the job pending: beat re-queues every job
-  pending for longer than two intervals (:func:`requeue_overdue`), so detection resumes
+  meanwhile (:func:`begin` / :func:`served`). Each task carries a ticket (a per-job
+  count of tasks sent); one that starts after a run that began once it was sent has
+  nothing left to do and returns at once (:func:`redundant`). Without that, runs slower
+  than the debounce (a 512-rank job on PostgreSQL takes seconds) piled up in the queue,
+  one more every two intervals, and the periodic sweeps expired behind them. A task lost
+  with its worker (SIGKILL, OOM) leaves the job pending: beat re-queues every job pending
+  for longer than two intervals (:func:`requeue_overdue`), so detection resumes
   within two intervals of a worker being back, with or without new data. The age of the
   oldest pending request is the detection lag (``/readyz``, ``/metrics``). Redis trouble
   is logged (once a minute), never raised: the batch is stored, and the next batch
@@ -93,6 +97,8 @@ def make_scheduler(settings: Settings) -> EmbeddedScheduler | CeleryScheduler | 
 
 PENDING = f"{KEY_PREFIX}detect:pending"  # job -> when its oldest unserved request came
 REQUESTS = f"{KEY_PREFIX}detect:requests"  # job -> requests so far (tells a run what it saw)
+SENT = f"{KEY_PREFIX}detect:sent"  # job -> tickets handed out (tasks sent)
+STARTED = f"{KEY_PREFIX}detect:started"  # job -> the newest ticket sent when a run began
 
 
 def queued_key(job_id: int) -> str:
@@ -109,6 +115,14 @@ redis.call('zadd', KEYS[1], 'NX', ARGV[2], ARGV[1])
 redis.call('hincrby', KEYS[2], ARGV[1], 1)
 if redis.call('set', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then return 1 end
 return 0
+"""
+# A run begins: new data now queues the next run; tasks sent so far are covered by this
+# one; the requests it answers.
+_BEGIN = """
+redis.call('del', KEYS[1])
+local sent = redis.call('hget', KEYS[2], ARGV[1])
+if sent then redis.call('hset', KEYS[3], ARGV[1], sent) end
+return redis.call('hget', KEYS[4], ARGV[1])
 """
 # A run that saw ``ARGV[2]`` requests succeeded: the job is served unless more came since,
 # in which case it stays pending, as of when that run started (``ARGV[3]``).
@@ -153,14 +167,30 @@ def queue_run(job_id: int) -> None:
 def _send(job_id: int, *, countdown: float) -> None:
     from backend.detection.tasks import detect_job  # the task module imports this one
 
-    detect_job.apply_async((job_id,), countdown=countdown)
-
-
-def claim(job_id: int) -> str | None:
-    """A run starts: how many requests it answers (for :func:`served`)."""
     redis = runtime().redis
     assert redis is not None
-    seen = redis.hget(REQUESTS, str(job_id))
+    ticket = int(redis.hincrby(SENT, str(job_id), 1))
+    detect_job.apply_async((job_id, ticket), countdown=countdown)
+
+
+def redundant(job_id: int, ticket: int | None) -> bool:
+    """Whether a run of the job began after task ``ticket`` was sent: that run read every
+    batch this task was queued for, and later batches queued their own task."""
+    if ticket is None:  # a task sent before tickets existed
+        return False
+    redis = runtime().redis
+    assert redis is not None
+    started = redis.hget(STARTED, str(job_id))
+    return started is not None and int(started) >= ticket
+
+
+def begin(job_id: int) -> str | None:
+    """A run starts (holding the job's lock): data from now on queues the next run, the
+    tasks sent so far are covered (:func:`redundant`), and the result is how many
+    requests it answers (for :func:`served`). One script, so no request falls between."""
+    redis = runtime().redis
+    assert redis is not None
+    seen = redis.eval(_BEGIN, 4, queued_key(job_id), SENT, STARTED, REQUESTS, job_id)
     return seen.decode() if isinstance(seen, bytes) else seen
 
 

@@ -17,7 +17,7 @@ from backend.alerts.tasks import queue_deliveries
 from backend.celery_app import Runtime, redis_lock, runtime, vigil_task
 from backend.db import session_scope
 from backend.detection import runner
-from backend.detection.schedule import claim, queue_run, queued_key, served
+from backend.detection.schedule import begin, queue_run, redundant, served
 from backend.incidents.follow_up import follow_up
 from backend.swap.loop import swap_follow_up
 
@@ -25,21 +25,22 @@ log = logging.getLogger(__name__)
 
 
 @vigil_task("detect_job")
-def detect_job(job_id: int) -> None:
-    """Run the window detectors for one job and act on what changed.
+def detect_job(job_id: int, ticket: int | None = None) -> None:
+    """Run the window detectors for one job and act on what changed, unless a run that
+    began after this task was queued did already (``schedule.redundant``).
 
     The per-job lock is a lease renewed while the run lasts, so a worker killed mid-run
     blocks the job for two intervals at most, not for the task's time limit.
     """
     rt = runtime()
-    if rt.redis is not None:
-        rt.redis.delete(queued_key(job_id))
+    if redundant(job_id, ticket):
+        return
     lease_s = max(2.0, 2 * rt.settings.detect_interval_s)
     with redis_lock(f"detect:{job_id}", ttl_s=lease_s, renew=True) as got:
         if not got:  # another worker is on this job: come back after it
             queue_run(job_id)
             return
-        started, seen = time.time(), claim(job_id)
+        started, seen = time.time(), begin(job_id)
         run_detection(rt, job_id)
         served(job_id, seen, started)
 

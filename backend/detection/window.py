@@ -2,11 +2,10 @@
 
 ``load_steps``: the job's last ``width`` steps of its current restart attempt, pivoted to
 rank × step arrays with NaN where a rank did not report, and each rank's device memory
-(``ranks.mem_capacity``); ``load_collectives``: the
-per-step collective aggregates over those steps; ``load_liveness``: every rank's latest
+(``ranks.mem_capacity``); ``load_liveness``: every rank's latest
 state for the hang and crash sweep (from SQL merged with Redis, where distributed mode keeps
 heartbeats: ``backend.telemetry.liveness``); ``load_serving``: a serving job's per-minute SLO
-counts and per-replica sums.
+counts and per-replica sums. The collectives: ``backend.detection.collectives``.
 """
 
 from __future__ import annotations
@@ -19,16 +18,16 @@ from sqlalchemy.orm import Session
 
 from backend.actions.models import Action
 from backend.actions.service import RESTARTING_KINDS
+from backend.detection.collectives import group_members
 from backend.jobs.models import Job, Rank
 from backend.jobs.rank_state import RankLive
 from backend.jobs.runs import current_run, run_ranks
 from backend.slos.models import Slo
 from backend.slos.service import minute_counts, period_counts
 from backend.telemetry.liveness import States, overlay
-from backend.telemetry.models import CollectiveRecord, ServingMinute, StepRecord
+from backend.telemetry.models import ServingMinute, StepRecord
 from detectors import burn_rate
 from detectors.window import (
-    CollectiveWindow,
     Inflight,
     LivenessWindow,
     RankState,
@@ -53,16 +52,15 @@ def load_steps(*, session: Session, job_id: int, width: int = 200) -> StepWindow
     oldest = session.scalar(select(recent.c.step).order_by(recent.c.step).limit(1))
     if oldest is None:
         return None
-    rows = session.execute(
-        select(
-            StepRecord.rank, StepRecord.step, *(getattr(StepRecord, c) for c in STEP_COLUMNS)
-        ).where(
-            StepRecord.job_id == job_id,
-            StepRecord.attempt == attempt,
-            StepRecord.step >= oldest,
-        )
-    ).all()
-    data = np.array([tuple(np.nan if v is None else v for v in r) for r in rows], dtype=float)
+    window = select(
+        StepRecord.rank, StepRecord.step, *(getattr(StepRecord, c) for c in STEP_COLUMNS)
+    ).where(
+        StepRecord.job_id == job_id,
+        StepRecord.attempt == attempt,
+        StepRecord.step >= oldest,
+    )
+    rows = session.connection().execute(window).all()  # Core: no ORM row overhead
+    data = np.array([tuple(r) for r in rows], dtype=float)  # None (not sent) becomes NaN
     loss_sent = np.array([r.loss is not None for r in rows], dtype=bool)
     grad_sent = np.array([r.grad_norm is not None for r in rows], dtype=bool)
     ranks = np.unique(data[:, 0]).astype(np.int64)
@@ -137,40 +135,6 @@ def live_ranks(*, session: Session, job: Job) -> int:
     return sum(1 for t in seen if t >= newest - LIVE_S)
 
 
-def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> CollectiveWindow:
-    """Per-step collective aggregates over the window's steps, with group membership
-    (empty when the job reports none: the comm detector then finds nothing)."""
-    attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
-    rows = session.execute(
-        select(
-            CollectiveRecord.rank,
-            CollectiveRecord.step,
-            CollectiveRecord.group,
-            CollectiveRecord.op,
-            CollectiveRecord.bytes,
-            CollectiveRecord.duration_s,
-            CollectiveRecord.members,
-        ).where(
-            CollectiveRecord.job_id == job_id,
-            CollectiveRecord.attempt == attempt,
-            CollectiveRecord.step >= int(window.steps[0]),
-        )
-    ).all()
-    members: dict[str, list[int]] = {}
-    for r in rows:
-        if r.group not in members:
-            members[r.group] = list(r.members) if r.members else list(range(window.world_size))
-    return CollectiveWindow(
-        rank=np.array([r.rank for r in rows], dtype=np.int64),
-        step=np.array([r.step for r in rows], dtype=np.int64),
-        group=np.array([r.group for r in rows], dtype=np.str_),
-        op=np.array([r.op for r in rows], dtype=np.str_),
-        nbytes=np.array([r.bytes for r in rows], dtype=float),
-        duration_s=np.array([r.duration_s for r in rows], dtype=float),
-        members=members,
-    )
-
-
 def recent_step_durations(*, session: Session, job_id: int, steps: int = 50) -> list[float]:
     """The job's step times over its last ``steps`` steps (slowest rank per step: in
     synchronous training that is the job's step time), to learn the hang timeout."""
@@ -184,21 +148,6 @@ def recent_step_durations(*, session: Session, job_id: int, steps: int = 50) -> 
             .limit(steps)
         )
     )
-
-
-def group_members(*, session: Session, job_id: int, limit: int = 5000) -> dict[str, list[int]]:
-    """Process-group membership as collectors reported it (the world group has none)."""
-    rows = session.execute(
-        select(CollectiveRecord.group, CollectiveRecord.members)
-        .where(CollectiveRecord.job_id == job_id, CollectiveRecord.members.is_not(None))
-        .order_by(CollectiveRecord.id.desc())
-        .limit(limit)
-    ).all()
-    groups: dict[str, list[int]] = {}
-    for group, members in rows:
-        if members is not None:
-            groups.setdefault(group, members)
-    return groups
 
 
 def load_liveness(
@@ -239,11 +188,25 @@ def load_liveness(
         states=states,
         now=now,
         step_durations=np.asarray(durations, dtype=float),
-        groups=(group_members(session=session, job_id=job_id) or None) if states else None,
+        groups=_groups(session=session, job_id=job_id, states=states) or None,
         expect_running=not serving and not finishing,
         unreported=() if serving else unreported,
         started_ts=started_ts,
     )
+
+
+def _groups(*, session: Session, job_id: int, states: list[RankState]) -> dict[str, list[int]]:
+    """The members of the groups the ranks are blocked in (the hang's wait graph needs no
+    others), from the records of the job's last ``GROUP_LOOKBACK_STEPS`` steps."""
+    names = {s.inflight.group for s in states if s.inflight is not None}
+    newest = max((s.last_step for s in states if s.last_step is not None), default=None)
+    if not names or newest is None:
+        return {}
+    steps = (newest - GROUP_LOOKBACK_STEPS, newest + 1)
+    return group_members(session=session, job=session.get(Job, job_id), names=names, steps=steps)
+
+
+GROUP_LOOKBACK_STEPS = 200
 
 
 def _unreported(

@@ -114,7 +114,9 @@ def apply_findings(
             )
             session.add(row)
             changes.opened.append(row)
-        elif row.id in acted_on:
+        elif row.id in acted_on or (f.evidence or {}).get("onset_in_window") is False:
+            # Acted on, or the window slid past the episode's onset (a NaN spread to every
+            # rank from the one it began on): keep the diagnosis made at the onset.
             f = _frozen(row, f)
         elif _differs(row, f):
             changes.updated.append(row)

@@ -1,6 +1,7 @@
 """Distributed scheduling against a real Redis: a detection request stays pending until a
 run that saw it succeeds; requests that arrive during a run keep the job pending; a run
-lost with its worker is re-queued once it is two intervals old, once per two intervals.
+lost with its worker is re-queued once it is two intervals old, once per two intervals;
+tasks queued behind a slower run have nothing left to do once a run began after them.
 (The same with real workers killed and Redis restarted: tests/reliability/.)"""
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ def test_a_request_is_pending_until_a_run_that_saw_it_succeeds(redis):
     assert queued_tasks(redis) == 1
     assert schedule.pending_lag()[1] == 1
 
-    seen = schedule.claim(7)
+    seen = schedule.begin(7)
     schedule.queue_detection(7)  # new data while the run goes on
     schedule.served(7, seen, started=1.0)
     assert schedule.pending_lag()[1] == 1, "data that came during the run was dropped"
 
-    seen = schedule.claim(7)
+    seen = schedule.begin(7)
     schedule.served(7, seen, started=2.0)
     assert schedule.pending_lag() == (0.0, 0)
 
@@ -80,3 +81,23 @@ def test_the_debounce_key_lives_two_intervals_not_minutes(redis):
     schedule.queue_detection(7)
     ttl_ms = redis.pttl(schedule.queued_key(7))
     assert 0 < ttl_ms <= 2 * INTERVAL * 1000
+
+
+def test_tasks_queued_before_a_run_began_are_redundant_later_ones_are_not(redis):
+    """Runs slower than the debounce: a task is queued every two intervals while the first
+    waits. Once one of them runs, the others were covered by it and must return at once
+    (else they pile up, run after run, and the sweeps expire behind them); a task sent
+    for data that came after that run began is not covered."""
+    for _ in range(3):  # the debounce key expired between requests: three tasks queued
+        schedule.queue_detection(7)
+        redis.delete(schedule.queued_key(7))
+    assert queued_tasks(redis) == 3
+    assert [schedule.redundant(7, t) for t in (1, 2, 3)] == [False, False, False]
+
+    schedule.begin(7)  # task 1 runs
+    assert [schedule.redundant(7, t) for t in (1, 2, 3)] == [True, True, True]
+    schedule.queue_detection(7)  # data while it runs: a fresh task
+    assert queued_tasks(redis) == 4
+    assert not schedule.redundant(7, 4)
+    assert not schedule.redundant(8, 1)  # another job's tickets are its own
+    assert not schedule.redundant(7, None)  # a task queued before tickets: runs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from backend.incidents.service import apply_findings
@@ -207,3 +208,32 @@ def test_an_incident_a_restart_was_taken_on_keeps_its_diagnosis(client, session,
     session.commit()
     [shown] = incidents(client)
     assert (shown["ranks"], shown["status"]) == ([1], "resolved")
+
+
+def test_a_nan_incident_keeps_its_origin_once_the_window_slides_past_the_onset(
+    client, session, job_id
+):
+    """A NaN begins on rank 3 and spreads to every rank the next step (the all-reduce).
+    Once the 200-step window starts after the onset, every rank is NaN from its first
+    step: that view cannot tell where it began, and must not rename the incident's rank 3
+    to all of them (seen at 512 ranks in the 10-minute load run)."""
+    from detectors.numerics import detect_numerics
+
+    loss = np.full((8, 300), 2.0)
+    loss[3, 100:] = np.nan
+    loss[:, 101:] = np.nan
+    steps = np.arange(300)
+
+    def apply(first: int) -> None:  # the detection window over steps first … first+199
+        found = detect_numerics(loss[:, first : first + 200], steps=steps[first : first + 200])
+        apply_findings(session=session, job_id=job_id, findings=found, covered_kinds={"nan"})
+        session.commit()
+
+    apply(0)
+    [row] = incidents(client)
+    assert (row["ranks"], row["first_step"]) == ([3], 100)
+    apply(100)  # the onset still in the window
+    apply(150)  # past it: NaN everywhere from the window's first step
+    [row] = incidents(client)
+    assert (row["status"], row["ranks"], row["first_step"]) == ("open", [3], 100)
+    assert "first on rank 3 at step 100" in row["summary"]
