@@ -9,7 +9,10 @@ A detector reports the conditions it sees in the window it was given. ``key`` id
 "the same problem" within a job (the backend turns it into an incident fingerprint, so a
 condition seen again updates its incident instead of opening a new one). ``active=False``
 means the condition was present in the window but has cleared (a transient straggler that
-recovered); the backend then resolves the incident.
+recovered); the backend then resolves the incident. ``evidence["partial_view"]`` (a reason,
+for people) says the window shows only part of the condition — a NaN whose onset slid out
+of the window, a hang whose ranks are leaving — so the backend keeps an open incident's
+ranks and summary as they were and takes only whether it still holds.
 """
 
 from __future__ import annotations

@@ -181,6 +181,7 @@ def detect(
     config: HangConfig | None = None,
     unreported: Collection[int] = (),
     started_ts: float | None = None,
+    exited: Collection[int] = (),
 ) -> list[Finding]:
     """Hang and crash findings for one job at time ``now``.
 
@@ -193,6 +194,11 @@ def detect(
     nothing is judged: the first batches of a run arrive over a second or so, and ranks
     waiting in a collective for ranks whose state has not arrived yet would otherwise be
     judged without them (a hang with no culprit, or the wrong one).
+    ``exited``: ranks of the run that said goodbye. Waited for, they are culprits ("exited"),
+    as when one rank leaves its training loop early; but once ranks have left, the job is
+    going away (a hung job being stopped leaves node by node), so the finding says it sees
+    only part of the episode (``partial_view``) and an open incident keeps the diagnosis
+    it had (``backend.incidents.service``).
     """
     cfg = config or HangConfig()
     if finished or not states:
@@ -241,13 +247,18 @@ def detect(
         survivors: dict[str, Any] | None = None
         if alive and stalled_s is not None:
             survivors = {"stalled_s": stalled_s, "hung": hung, **timeout_ev}
-        return [_crash(states, dead, survivors, groups, now, hb_timeout, note=stopped_together)]
+        crash = _crash(
+            states, dead, survivors, groups, now, hb_timeout, note=stopped_together, exited=exited
+        )
+        return [crash]
 
     if not hung or stalled_s is None:
         return []
 
-    att = attribute(states, (), groups, now)
+    att = attribute(states, (), groups, now, exited=exited)
     ev = {"stalled_s": stalled_s, **timeout_ev, "culprit_reasons": att.reasons}
+    if exited:
+        ev["partial_view"] = f"{len(exited)} ranks have exited"
     where = ""
     if att.primary is not None:
         p = att.primary
@@ -325,6 +336,7 @@ def _crash(
     hb_timeout: float,
     *,
     note: bool,
+    exited: Collection[int] = (),
 ) -> Finding:
     """The ``crash`` finding: the silent ranks, and, once the survivors are hung (their
     ``survivors`` evidence), alive ranks that are roots of their waits too: stuck on their
@@ -346,7 +358,7 @@ def _crash(
     stuck: list[int] = []
     if survivors is not None:
         if survivors["hung"]:
-            att = attribute(states, dead, groups, now)
+            att = attribute(states, dead, groups, now, exited=exited)
             survivors["waiting_for"] = list(att.culprits)
             survivors["reasons"] = att.reasons
             survivors.update(att.evidence)
@@ -392,4 +404,5 @@ def _detect_window(window: Window) -> list[Finding]:
         finished=False if live.expect_running else None,
         unreported=live.unreported,
         started_ts=live.started_ts,
+        exited=live.exited,
     )

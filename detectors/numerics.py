@@ -168,10 +168,9 @@ def _nonfinite(
         "ranks_affected": n_affected,
         "steps_affected": int(bad_steps.sum()),
         "last_bad_step": int(step_ids[np.flatnonzero(bad_steps)[-1]]),
-        # Bad from the window's first step: the onset (and so its ranks) lies before it,
-        # and the incident keeps what it was opened with (``backend.incidents.service``).
-        "onset_in_window": first > 0,
     }
+    if first == 0:  # bad from the window's first step: the onset (and its ranks) is before it
+        evidence["partial_view"] = "the onset is before the window"
     what = []
     for (name, b, values), cols, rows_bad in zip(present, steps_bad, ranks_bad, strict=True):
         col = int(np.argmax(cols))

@@ -124,7 +124,10 @@ def attribute(
     dead: Collection[int],
     groups: Mapping[str, Collection[int]] | None,
     now: float,
+    exited: Collection[int] = (),
 ) -> Attribution:
+    """``exited``: ranks that said goodbye (not in ``states``): waited for, they are named
+    as having left rather than as having sent nothing."""
     by_rank = {s.rank: s for s in states}
     alive = [s for s in states if s.rank not in dead]
     inflight = {s.rank: s.inflight for s in alive if s.inflight is not None}
@@ -213,7 +216,7 @@ def attribute(
         st = by_rank.get(r)
         f = inflight.get(r)
         if st is None:
-            return "sent no state at all"
+            return "exited (said goodbye)" if r in exited else "sent no state at all"
         if r in dead:
             return "crashed (heartbeats stopped)"
         if r in lagging:

@@ -271,6 +271,9 @@ class LivenessWindow:
     # while a run is starting its picture is not whole (see ``detectors.hang``).
     unreported: tuple[int, ...] = ()
     started_ts: float | None = None
+    # Ranks of the run that said goodbye (exited): a rank others wait for that left is
+    # named as such, not as one that "sent no state at all".
+    exited: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

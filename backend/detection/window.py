@@ -2,10 +2,11 @@
 
 ``load_steps``: the job's last ``width`` steps of its current restart attempt, pivoted to
 rank × step arrays with NaN where a rank did not report, and each rank's device memory
-(``ranks.mem_capacity``); ``load_liveness``: every rank's latest
-state for the hang and crash sweep (from SQL merged with Redis, where distributed mode keeps
-heartbeats: ``backend.telemetry.liveness``); ``load_serving``: a serving job's per-minute SLO
-counts and per-replica sums. The collectives: ``backend.detection.collectives``.
+(``ranks.mem_capacity``), from the rows ``backend.detection.step_cache`` keeps;
+``load_liveness``: every rank's latest state for the hang and crash sweep (from SQL merged
+with Redis, where distributed mode keeps heartbeats: ``backend.telemetry.liveness``);
+``load_serving``: a serving job's per-minute SLO counts and per-replica sums. The
+collectives: ``backend.detection.collectives``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 from backend.actions.models import Action
 from backend.actions.service import RESTARTING_KINDS
 from backend.detection.collectives import group_members
+from backend.detection.step_cache import COLUMNS, STEP_COLUMNS, step_rows
 from backend.jobs.models import Job, Rank
 from backend.jobs.rank_state import RankLive
 from backend.jobs.runs import current_run, run_ranks
@@ -36,33 +38,30 @@ from detectors.window import (
     StepWindow,
 )
 
-STEP_COLUMNS = ("duration_s", "comm_s", "data_s", "loss", "grad_norm", "mem_bytes")
 
-
-def load_steps(*, session: Session, job_id: int, width: int = 200) -> StepWindow | None:
-    attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
-    recent = (
-        select(StepRecord.step)
-        .where(StepRecord.job_id == job_id, StepRecord.attempt == attempt)
-        .distinct()
-        .order_by(StepRecord.step.desc())
-        .limit(width)
-        .subquery()
+def load_steps(
+    *, session: Session, job_id: int, width: int = 200, cached: bool = True
+) -> StepWindow | None:
+    """The job's last ``width`` steps of its current attempt as rank × step arrays, NaN
+    where a rank did not report; None before its first step. The rows come from
+    :mod:`backend.detection.step_cache`, which reads only those that may have changed since
+    this process last loaded the job (``cached=False``: all of them)."""
+    job = session.execute(
+        select(Job.attempt, Job.world_size, Job.created_at).where(Job.id == job_id)
+    ).first()
+    data = step_rows(
+        session=session,
+        job_id=job_id,
+        attempt=(job.attempt if job else 0) or 0,
+        world=(job.world_size if job else 0) or 0,
+        created=job.created_at if job else None,
+        width=width,
+        cached=cached,
     )
-    oldest = session.scalar(select(recent.c.step).order_by(recent.c.step).limit(1))
-    if oldest is None:
+    if not len(data):
         return None
-    window = select(
-        StepRecord.rank, StepRecord.step, *(getattr(StepRecord, c) for c in STEP_COLUMNS)
-    ).where(
-        StepRecord.job_id == job_id,
-        StepRecord.attempt == attempt,
-        StepRecord.step >= oldest,
-    )
-    rows = session.connection().execute(window).all()  # Core: no ORM row overhead
-    data = np.array([tuple(r) for r in rows], dtype=float)  # None (not sent) becomes NaN
-    loss_sent = np.array([r.loss is not None for r in rows], dtype=bool)
-    grad_sent = np.array([r.grad_norm is not None for r in rows], dtype=bool)
+    loss_sent = data[:, COLUMNS.index("loss_sent")] == 1.0
+    grad_sent = data[:, COLUMNS.index("grad_sent")] == 1.0
     ranks = np.unique(data[:, 0]).astype(np.int64)
     steps = np.unique(data[:, 1]).astype(np.int64)
     ri = np.searchsorted(ranks, data[:, 0].astype(np.int64))
@@ -76,7 +75,7 @@ def load_steps(*, session: Session, job_id: int, width: int = 200) -> StepWindow
     reported[ri, si] = loss_sent
     grad_reported = np.zeros_like(reported)
     grad_reported[ri, si] = grad_sent
-    world = session.scalar(select(Job.world_size).where(Job.id == job_id)) or len(ranks)
+    world = (job.world_size if job else 0) or len(ranks)
     return StepWindow(
         loss_reported=reported,
         grad_reported=grad_reported,
@@ -192,6 +191,7 @@ def load_liveness(
         expect_running=not serving and not finishing,
         unreported=() if serving else unreported,
         started_ts=started_ts,
+        exited=tuple(r.rank for r in ranks if r.exited),
     )
 
 

@@ -114,9 +114,9 @@ def apply_findings(
             )
             session.add(row)
             changes.opened.append(row)
-        elif row.id in acted_on or (f.evidence or {}).get("onset_in_window") is False:
-            # Acted on, or the window slid past the episode's onset (a NaN spread to every
-            # rank from the one it began on): keep the diagnosis made at the onset.
+        elif row.id in acted_on or (f.evidence or {}).get("partial_view"):
+            # Acted on, or the finding sees only part of the episode (the window slid past
+            # a NaN's onset; ranks of a hung job are leaving): keep the diagnosis made.
             f = _frozen(row, f)
         elif _differs(row, f):
             changes.updated.append(row)

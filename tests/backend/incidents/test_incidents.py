@@ -237,3 +237,30 @@ def test_a_nan_incident_keeps_its_origin_once_the_window_slides_past_the_onset(
     [row] = incidents(client)
     assert (row["status"], row["ranks"], row["first_step"]) == ("open", [3], 100)
     assert "first on rank 3 at step 100" in row["summary"]
+
+
+def test_a_hang_incident_keeps_its_culprit_while_the_hung_job_is_stopped(client, session, job_id):
+    """Rank 3 hangs; the others wait for it in the world all-reduce. The job is then stopped
+    and its ranks leave one by one, each with a goodbye: the ranks still there wait for
+    ranks that exited, which the sweep names too — but the incident keeps rank 3 (seen at
+    1,024 ranks: a hang renamed to 33 ranks, whole nodes, as the load run ended)."""
+    from detectors.hang import Inflight, RankState, detect
+
+    def states(alive: range) -> list[RankState]:
+        waiting = Inflight(group="dp", op="all_reduce", seq=9, since=1000.0)
+        return [
+            RankState(r, 99, 100, 1000.0, 1059.0, inflight=None if r == 3 else waiting)
+            for r in alive
+        ]
+
+    groups = {"dp": range(8)}
+    for alive, exited in ((range(8), ()), (range(6), (6, 7))):
+        found = detect(
+            states(alive), now=1060.0, step_durations=[0.5], groups=groups, exited=exited
+        )
+        apply_findings(session=session, job_id=job_id, findings=found, covered_kinds={"hang"})
+        session.commit()
+        [row] = incidents(client)
+        assert (row["kind"], row["status"], row["ranks"]) == ("hang", "open", [3])
+    assert found[0].ranks == (3, 6, 7)  # the view with ranks gone, had it been taken as is
+    assert found[0].evidence["culprit_reasons"]["6"] == "exited (said goodbye)"
