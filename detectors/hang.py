@@ -181,7 +181,7 @@ def detect(
     config: HangConfig | None = None,
     unreported: Collection[int] = (),
     started_ts: float | None = None,
-    exited: Collection[int] = (),
+    exited: Mapping[int, float] | None = None,
 ) -> list[Finding]:
     """Hang and crash findings for one job at time ``now``.
 
@@ -194,11 +194,11 @@ def detect(
     nothing is judged: the first batches of a run arrive over a second or so, and ranks
     waiting in a collective for ranks whose state has not arrived yet would otherwise be
     judged without them (a hang with no culprit, or the wrong one).
-    ``exited``: ranks of the run that said goodbye. Waited for, they are culprits ("exited"),
-    as when one rank leaves its training loop early; but once ranks have left, the job is
-    going away (a hung job being stopped leaves node by node), so the finding says it sees
-    only part of the episode (``partial_view``) and an open incident keeps the diagnosis
-    it had (``backend.incidents.service``).
+    ``exited``: ranks of the run that said goodbye → when they were last heard from. Waited
+    for, they are culprits ("exited"), as when one rank leaves its training loop early; but
+    ranks that left after the job was already hung are a hung job being stopped (node by
+    node): the finding then says it sees only part of the episode (``partial_view``) and an
+    open incident keeps the diagnosis it had (``backend.incidents.service``).
     """
     cfg = config or HangConfig()
     if finished or not states:
@@ -248,17 +248,26 @@ def detect(
         if alive and stalled_s is not None:
             survivors = {"stalled_s": stalled_s, "hung": hung, **timeout_ev}
         crash = _crash(
-            states, dead, survivors, groups, now, hb_timeout, note=stopped_together, exited=exited
+            states,
+            dead,
+            survivors,
+            groups,
+            now,
+            hb_timeout,
+            note=stopped_together,
+            exited=exited or {},
         )
         return [crash]
 
     if not hung or stalled_s is None:
         return []
 
-    att = attribute(states, (), groups, now, exited=exited)
+    att = attribute(states, (), groups, now, exited=exited or {})
     ev = {"stalled_s": stalled_s, **timeout_ev, "culprit_reasons": att.reasons}
-    if exited:
-        ev["partial_view"] = f"{len(exited)} ranks have exited"
+    hung_since = now - stalled_s + limit  # when no progress became a hang
+    leaving = [r for r, ts in (exited or {}).items() if ts > hung_since]
+    if leaving:
+        ev["partial_view"] = f"{len(leaving)} ranks exited after the job hung"
     where = ""
     if att.primary is not None:
         p = att.primary

@@ -84,6 +84,7 @@ def detect_numerics(
     steps: npt.ArrayLike | None = None,
     reported: npt.ArrayLike | None = None,
     config: NumericsConfig | None = None,
+    older_steps: bool = False,
 ) -> list[Finding]:
     """Find NaN/Inf values and loss spikes in a window of steps.
 
@@ -91,6 +92,8 @@ def detect_numerics(
     grad_norm: ``(R, S)`` float or ``None``; only checked for non-finite values.
     steps: ``(S,)`` int, the training step of each column; default ``0..S-1``.
     reported: ``(R, S)`` bool, ``True`` where the rank sent a value; default all.
+    older_steps: the job has steps before ``steps``: NaN from the first column may have begun
+    earlier, on ranks the window cannot tell (``partial_view``).
 
     >>> loss = np.full((4, 100), 2.0); loss[2, 40] = np.nan
     >>> [f.kind for f in detect_numerics(loss)]
@@ -106,7 +109,7 @@ def detect_numerics(
         return []
 
     findings: list[Finding] = []
-    nan_finding = _nonfinite(loss_a, grad_a, mask, step_ids)
+    nan_finding = _nonfinite(loss_a, grad_a, mask, step_ids, older_steps=older_steps)
     if nan_finding is not None:
         findings.append(nan_finding)
     level = _job_loss(loss_a, mask, cfg.max_sample_ranks)
@@ -136,6 +139,8 @@ def _nonfinite(
     grad: NDArray[np.floating[Any]] | None,
     mask: NDArray[np.bool_] | None,
     step_ids: NDArray[np.int64],
+    *,
+    older_steps: bool,
 ) -> Finding | None:
     present: list[tuple[str, NDArray[np.bool_], NDArray[np.floating[Any]]]] = []
     for name, values in (("loss", loss), ("grad norm", grad)):
@@ -169,7 +174,7 @@ def _nonfinite(
         "steps_affected": int(bad_steps.sum()),
         "last_bad_step": int(step_ids[np.flatnonzero(bad_steps)[-1]]),
     }
-    if first == 0:  # bad from the window's first step: the onset (and its ranks) is before it
+    if first == 0 and older_steps:  # bad from the first step: the onset may be before it
         evidence["partial_view"] = "the onset is before the window"
     what = []
     for (name, b, values), cols, rows_bad in zip(present, steps_bad, ranks_bad, strict=True):
@@ -348,4 +353,6 @@ def _detect_window(window: Window) -> list[Finding]:
     assert w is not None
     # Unsent grad norms must not read as NaN: only non-finite *reported* ones count.
     grad = np.where(w.grad_reported, w.grad_norm, 0.0)
-    return detect_numerics(w.loss, grad, steps=w.steps, reported=w.loss_reported)
+    return detect_numerics(
+        w.loss, grad, steps=w.steps, reported=w.loss_reported, older_steps=w.older_steps
+    )

@@ -27,7 +27,7 @@ A run fills the parts it has; a detector declares the parts it needs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -195,6 +195,9 @@ class StepWindow:
     straggler_since: FloatArray | None = None
     # The job's step time before ``steps`` (None: not loaded; the window is all there is).
     history: StepHistory | None = None
+    # Whether the attempt has steps before ``steps`` (the loader kept only its last ones):
+    # a condition present from the first column may then have begun before the window.
+    older_steps: bool = False
 
     @property
     def has_comm(self) -> bool:
@@ -271,9 +274,9 @@ class LivenessWindow:
     # while a run is starting its picture is not whole (see ``detectors.hang``).
     unreported: tuple[int, ...] = ()
     started_ts: float | None = None
-    # Ranks of the run that said goodbye (exited): a rank others wait for that left is
-    # named as such, not as one that "sent no state at all".
-    exited: tuple[int, ...] = ()
+    # Ranks of the run that said goodbye, with when they were last heard from: a rank
+    # others wait for that left is named as such, not as one that "sent no state at all".
+    exited: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

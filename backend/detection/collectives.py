@@ -12,16 +12,17 @@ change within a restart attempt, so each (job, attempt, group) is read once per 
 kept (bounded), instead of reading thousands of member lists every run and every sweep.
 
     window = load_collectives(session=s, job_id=7, window=steps)
-    members = group_members(session=s, job=job, names={"dp-3"}, steps=(100, 300))
+    members = group_members(session=s, job=job, names={"dp-3"}, since_step=100)
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Collection
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from backend.jobs.models import Job
@@ -31,6 +32,7 @@ from detectors.window import CollectiveWindow, StepWindow
 MAX_JOBS = 256  # membership tables kept per process, one per job attempt
 # (job id, when the job was created, attempt) → group → members (None: reported without)
 _known: OrderedDict[tuple[int, float, int], dict[str, list[int] | None]] = OrderedDict()
+_lock = threading.Lock()  # the embedded server runs detection on threads
 
 
 def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> CollectiveWindow:
@@ -40,7 +42,7 @@ def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> Co
     job = session.get(Job, job_id)
     attempt = (job.attempt if job is not None else 0) or 0
     c = CollectiveRecord
-    first, last = int(window.steps[0]), int(window.steps[-1])
+    first = int(window.steps[0])
     per_group = (
         select(c.step, c.group, c.op, func.max(c.bytes), func.min(c.duration_s), func.min(c.rank))
         .where(c.job_id == job_id, c.attempt == attempt, c.step >= first)
@@ -49,7 +51,7 @@ def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> Co
     rows = session.connection().execute(per_group).all()  # Core: no ORM row overhead
     step, group, op, nbytes, duration, rank = zip(*rows, strict=True) if rows else ((),) * 6
     names = set(group)
-    members = group_members(session=session, job=job, names=names, steps=(first, last))
+    members = group_members(session=session, job=job, names=names, since_step=first)
     world = list(range(window.world_size))
     return CollectiveWindow(
         rank=np.array(rank, dtype=np.int64),
@@ -63,36 +65,35 @@ def load_collectives(*, session: Session, job_id: int, window: StepWindow) -> Co
 
 
 def group_members(
-    *, session: Session, job: Job | None, names: Collection[str], steps: tuple[int, int]
+    *, session: Session, job: Job | None, names: Collection[str], since_step: int
 ) -> dict[str, list[int]]:
     """The members of the groups ``names``, as reported in the job's current attempt
-    (looked up in records of steps ``steps[0] … steps[1]`` when not known yet). A group
-    reported without members (the world group) or not found there is left out."""
+    (looked up, when not known yet, in its records from step ``since_step`` on and in
+    those outside any step). A group reported without members (the world group) is left
+    out, and so is one with no record there yet: it is looked up again next time."""
     if job is None or not names:
         return {}
     attempt = job.attempt or 0
     created = job.created_at.timestamp() if job.created_at is not None else 0.0
     key = (job.id, created, attempt)
-    known = _known.setdefault(key, {})
-    _known.move_to_end(key)
-    while len(_known) > MAX_JOBS:
-        _known.popitem(last=False)
+    with _lock:
+        known = _known.setdefault(key, {})
+        _known.move_to_end(key)
+        while len(_known) > MAX_JOBS:
+            _known.popitem(last=False)
     missing = sorted(set(names) - set(known))
     if missing:
         c = CollectiveRecord
-        first_rows = (
-            select(func.min(c.id))
-            .where(
-                c.job_id == job.id,
-                c.attempt == attempt,
-                c.step >= steps[0],
-                c.step <= steps[1],
-                c.group.in_(missing),
-                c.members.is_not(None),
-            )
-            .group_by(c.group)
+        where = (
+            c.job_id == job.id,
+            c.attempt == attempt,
+            or_(c.step >= since_step, c.step.is_(None)),
+            c.group.in_(missing),
         )
-        found = dict(session.execute(select(c.group, c.members).where(c.id.in_(first_rows))).all())
-        for name in missing:
-            known[name] = list(found[name] or ()) if name in found else None
+        # One record per group (every record of a group carries its members; the world
+        # group's none, which the JSON column may hold as a JSON null).
+        first_rows = select(func.min(c.id)).where(*where).group_by(c.group)
+        found = session.execute(select(c.group, c.members).where(c.id.in_(first_rows))).all()
+        for name, members in found:
+            known[name] = list(members) if members else None
     return {g: m for g in names if (m := known.get(g)) is not None}

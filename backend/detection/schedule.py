@@ -14,7 +14,8 @@ next depends on the mode (``make_scheduler`` picks):
   takes the job off the pending set only when the run succeeded and no request came
   meanwhile (:func:`begin` / :func:`served`). Each task carries a ticket (a per-job
   count of tasks sent); one that starts after a run that began once it was sent has
-  nothing left to do and returns at once (:func:`redundant`). Without that, runs slower
+  nothing left to do and returns at once (:func:`redundant`; a run that began and then
+  failed leaves its job pending, which beat re-queues). Without that, runs slower
   than the debounce (a 512-rank job on PostgreSQL takes seconds) piled up in the queue,
   one more every two intervals, and the periodic sweeps expired behind them. A task lost
   with its worker (SIGKILL, OOM) leaves the job pending: beat re-queues every job pending
@@ -156,12 +157,14 @@ def queue_detection(job_id: int) -> None:
 
 
 def queue_run(job_id: int) -> None:
-    """Queue a run for the job after an interval, unless one is queued (debounced)."""
+    """Queue a run for the job after an interval, for a task that found another run on
+    the job: it was sent after that run began, so its data may be newer than that run's
+    reads. Not debounced: the queued key may still be the one its own request set."""
     rt = runtime()
     assert rt.redis is not None
     delay = rt.settings.detect_interval_s
-    if rt.redis.set(queued_key(job_id), 1, nx=True, px=debounce_ms(delay)):
-        _send(job_id, countdown=delay)
+    rt.redis.set(queued_key(job_id), 1, px=debounce_ms(delay))
+    _send(job_id, countdown=delay)
 
 
 def _send(job_id: int, *, countdown: float) -> None:

@@ -89,6 +89,7 @@ def load_steps(
         grad_norm=arrays["grad_norm"],
         mem_bytes=arrays["mem_bytes"],
         mem_capacity=mem_capacity(session=session, job_id=job_id, ranks=ranks),
+        older_steps=steps.size >= width,  # only the last ``width`` were read
     )
 
 
@@ -191,7 +192,7 @@ def load_liveness(
         expect_running=not serving and not finishing,
         unreported=() if serving else unreported,
         started_ts=started_ts,
-        exited=tuple(r.rank for r in ranks if r.exited),
+        exited={r.rank: _last_heard(r) for r in ranks if r.exited},
     )
 
 
@@ -202,11 +203,19 @@ def _groups(*, session: Session, job_id: int, states: list[RankState]) -> dict[s
     newest = max((s.last_step for s in states if s.last_step is not None), default=None)
     if not names or newest is None:
         return {}
-    steps = (newest - GROUP_LOOKBACK_STEPS, newest + 1)
-    return group_members(session=session, job=session.get(Job, job_id), names=names, steps=steps)
+    return group_members(
+        session=session,
+        job=session.get(Job, job_id),
+        names=names,
+        since_step=newest - GROUP_LOOKBACK_STEPS,
+    )
 
 
 GROUP_LOOKBACK_STEPS = 200
+
+
+def _last_heard(rank: RankLive) -> float:
+    return max(t for t in (rank.last_heartbeat_ts, rank.last_step_ts, 0.0) if t is not None)
 
 
 def _unreported(

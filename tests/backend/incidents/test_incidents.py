@@ -225,7 +225,8 @@ def test_a_nan_incident_keeps_its_origin_once_the_window_slides_past_the_onset(
     steps = np.arange(300)
 
     def apply(first: int) -> None:  # the detection window over steps first … first+199
-        found = detect_numerics(loss[:, first : first + 200], steps=steps[first : first + 200])
+        window = slice(first, first + 200)
+        found = detect_numerics(loss[:, window], steps=steps[window], older_steps=first > 0)
         apply_findings(session=session, job_id=job_id, findings=found, covered_kinds={"nan"})
         session.commit()
 
@@ -237,6 +238,24 @@ def test_a_nan_incident_keeps_its_origin_once_the_window_slides_past_the_onset(
     [row] = incidents(client)
     assert (row["status"], row["ranks"], row["first_step"]) == ("open", [3], 100)
     assert "first on rank 3 at step 100" in row["summary"]
+
+
+def test_a_nan_from_the_jobs_first_step_is_still_updated(client, session, job_id):
+    """NaN from step 0: the window starts at the job's first step, so its onset is in view
+    and a later, fuller view (rank 5's step 0 came late, NaN too) updates the incident."""
+    from detectors.numerics import detect_numerics
+
+    loss = np.full((8, 50), 2.0)
+    loss[[3, 5], 0] = np.nan
+    loss[:, 1:] = np.nan
+    sent = np.ones_like(loss, dtype=bool)
+    sent[5, 0] = False  # not in yet at the first run
+    for reported in (sent, np.ones_like(sent)):
+        found = detect_numerics(loss, steps=np.arange(50), reported=reported)
+        apply_findings(session=session, job_id=job_id, findings=found, covered_kinds={"nan"})
+        session.commit()
+    [row] = incidents(client)
+    assert (row["ranks"], row["first_step"]) == ([3, 5], 0)
 
 
 def test_a_hang_incident_keeps_its_culprit_while_the_hung_job_is_stopped(client, session, job_id):
@@ -254,7 +273,7 @@ def test_a_hang_incident_keeps_its_culprit_while_the_hung_job_is_stopped(client,
         ]
 
     groups = {"dp": range(8)}
-    for alive, exited in ((range(8), ()), (range(6), (6, 7))):
+    for alive, exited in ((range(8), {}), (range(6), {6: 1055.0, 7: 1056.0})):
         found = detect(
             states(alive), now=1060.0, step_durations=[0.5], groups=groups, exited=exited
         )
@@ -264,3 +283,27 @@ def test_a_hang_incident_keeps_its_culprit_while_the_hung_job_is_stopped(client,
         assert (row["kind"], row["status"], row["ranks"]) == ("hang", "open", [3])
     assert found[0].ranks == (3, 6, 7)  # the view with ranks gone, had it been taken as is
     assert found[0].evidence["culprit_reasons"]["6"] == "exited (said goodbye)"
+
+
+def test_a_rank_that_left_before_the_hang_is_its_culprit(client, session, job_id):
+    """Rank 7 leaves its training loop early (a goodbye, just after the last step) and
+    ranks 0-6 wait for it in the all-reduce: rank 7 is the hang's culprit, and the view is
+    whole (it left before the job hung), so a later view that also names rank 3 (found
+    stuck too) updates the incident."""
+    from detectors.hang import Inflight, RankState, detect
+
+    waiting = Inflight(group="dp", op="all_reduce", seq=9, since=1000.0)
+    for stuck in ((), (3,)):
+        states = [
+            RankState(r, 99, 100, 1000.0, 1059.0, inflight=None if r in stuck else waiting)
+            for r in range(7)
+        ]
+        found = detect(
+            states, now=1060.0, step_durations=[0.5], groups={"dp": range(8)}, exited={7: 1000.2}
+        )
+        assert found[0].evidence["culprit_reasons"]["7"] == "exited (said goodbye)"
+        assert "partial_view" not in found[0].evidence
+        apply_findings(session=session, job_id=job_id, findings=found, covered_kinds={"hang"})
+        session.commit()
+    [row] = incidents(client)
+    assert row["ranks"] == [3, 7]
