@@ -201,6 +201,7 @@ def detect(
     open incident keeps the diagnosis it had (``backend.incidents.service``).
     """
     cfg = config or HangConfig()
+    exited = exited or {}
     if finished or not states:
         return []
     hb_timeout = cfg.heartbeat_timeout_s
@@ -247,25 +248,16 @@ def detect(
         survivors: dict[str, Any] | None = None
         if alive and stalled_s is not None:
             survivors = {"stalled_s": stalled_s, "hung": hung, **timeout_ev}
-        crash = _crash(
-            states,
-            dead,
-            survivors,
-            groups,
-            now,
-            hb_timeout,
-            note=stopped_together,
-            exited=exited or {},
-        )
-        return [crash]
+        note = stopped_together
+        return [_crash(states, dead, survivors, groups, now, hb_timeout, note=note, exited=exited)]
 
     if not hung or stalled_s is None:
         return []
 
-    att = attribute(states, (), groups, now, exited=exited or {})
+    att = attribute(states, (), groups, now, exited=exited)
     ev = {"stalled_s": stalled_s, **timeout_ev, "culprit_reasons": att.reasons}
     hung_since = now - stalled_s + limit  # when no progress became a hang
-    leaving = [r for r, ts in (exited or {}).items() if ts > hung_since]
+    leaving = [r for r, ts in exited.items() if ts > hung_since]
     if leaving:
         ev["partial_view"] = f"{len(leaving)} ranks exited after the job hung"
     where = ""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from redis import Redis
 from sqlalchemy import Connection, Engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -127,3 +128,17 @@ def client(app) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
 def sqlite_url(tmp_path):  # type: ignore[no-untyped-def]
     """A fresh SQLite file for tests that start their own server process."""
     return f"sqlite:///{tmp_path / 'vigil.db'}"
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """``VIGIL_TEST_REDIS_URL``, emptied before and after the test (the test Redis database
+    belongs to the tests); the test is skipped, visibly, without it."""
+    url = os.environ.get("VIGIL_TEST_REDIS_URL")
+    if not url:
+        pytest.skip("needs VIGIL_TEST_REDIS_URL")
+    client = Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()

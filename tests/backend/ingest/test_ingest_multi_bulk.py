@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import redis.connection
-from redis import Redis
 from sqlalchemy import Engine, event, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
@@ -240,18 +238,6 @@ def test_a_line_that_fails_in_the_database_fails_alone(client, session, monkeypa
 
 
 # -- liveness in Redis: one round trip per request --------------------------------------------
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    url = os.environ.get("VIGIL_TEST_REDIS_URL")
-    if not url:
-        pytest.skip("needs VIGIL_TEST_REDIS_URL")
-    client = Redis.from_url(url)
-    client.flushdb()  # the test Redis database belongs to the tests
-    yield url
-    client.flushdb()
-    client.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)

@@ -6,7 +6,6 @@ rank's last state to SQL; an active rank's row is refreshed every ``SQL_REFRESH_
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
@@ -35,18 +34,6 @@ from tests.conftest import ADMIN
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
 WAITING = {"group": "world", "op": "all_reduce", "seq": 500, "since": T0 + 120.2}
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    url = os.environ.get("VIGIL_TEST_REDIS_URL")
-    if not url:
-        pytest.skip("needs VIGIL_TEST_REDIS_URL")
-    client = Redis.from_url(url)
-    client.flushdb()  # the test Redis database belongs to the tests
-    yield url
-    client.flushdb()
-    client.close()
 
 
 @pytest.fixture
